@@ -1,0 +1,96 @@
+// The entry points: forward, backward, KV-cache decode and the LSE combine.
+//
+// Layouts (element strides are free except a contiguous last dimension):
+//   batched  q [batch, seqlen_q, heads_q, hdim_qk], k [batch, seqlen_k, heads_kv, hdim_qk],
+//            v [batch, seqlen_k, heads_kv, hdim_v], out [batch, seqlen_q, heads_q, hdim_v],
+//            lse [batch, heads_q, seqlen_q] (fp32)
+//   varlen   q [total_q, heads_q, hdim_qk] ... with cu_seqlens_q/k int32 [batch + 1] prefix sums,
+//            lse [heads_q, total_q]
+// heads_q % heads_kv == 0; query head h reads KV head h / (heads_q / heads_kv).
+// A query row that sees no key gets out = 0 and lse = -inf.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include "tileattn/options.hpp"
+#include "tileattn/tensor.hpp"
+
+namespace tileattn {
+
+struct ForwardArgs {
+  TensorView q, k, v;
+  TensorView out;
+  TensorView lse;                          // optional
+  TensorView cu_seqlens_q, cu_seqlens_k;   // optional: both or neither (varlen)
+  int max_seqlen_q = 0, max_seqlen_k = 0;  // varlen only: bounds on the per-sequence lengths
+  TensorView alibi_slopes;                 // optional fp32 [heads_q] or [batch, heads_q]
+  Options options;
+};
+
+struct BackwardArgs {
+  TensorView q, k, v, out, dout;
+  TensorView lse;                          // required: the forward's lse
+  TensorView dq, dk, dv;                   // outputs, shaped like q, k, v
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  TensorView alibi_slopes;
+  Options options;                         // must match the forward's (dropout seed/offset included)
+};
+
+// Decoding against a KV cache. Query rows of sequence b are aligned to the bottom-right of its
+// keys: the cache's cache_seqlens[b] tokens plus the appended ones.
+struct DecodeArgs {
+  TensorView q;                  // [batch, seqlen_q, heads_q, hdim_qk]
+  TensorView k_cache, v_cache;   // contiguous [batch, capacity, heads_kv, d] or
+                                 // paged [num_pages, page_size, heads_kv, d] with page_table
+  TensorView page_table;         // optional int32 [batch, max_pages_per_seq]
+  TensorView cache_seqlens;      // optional int32 [batch]; default: the full capacity (contiguous only)
+  TensorView k_new, v_new;       // optional [batch, seqlen_new, heads_kv, d]: written into the cache at
+                                 // positions cache_seqlens[b].. before attending
+  TensorView out;                // [batch, seqlen_q, heads_q, hdim_v]
+  TensorView lse;                // optional fp32 [batch, heads_q, seqlen_q]
+  TensorView alibi_slopes;
+  Options options;               // dropout must be 0
+};
+
+// Merges partial attention results over disjoint key sets by their log-sum-exp:
+//   out = sum_s exp(lse_s - lse) * out_s, lse = log(sum_s exp(lse_s)).
+struct CombineArgs {
+  TensorView out_partial;  // fp32 [splits, batch, seqlen_q, heads, hdim_v]
+  TensorView lse_partial;  // fp32 [splits, batch, heads, seqlen_q]
+  TensorView out;          // [batch, seqlen_q, heads, hdim_v]
+  TensorView lse;          // optional fp32 [batch, heads, seqlen_q]
+  Options options;
+};
+
+void forward(const ForwardArgs& args);
+void backward(const BackwardArgs& args);
+void decode(const DecodeArgs& args);
+void combine(const CombineArgs& args);
+
+// Bytes of scratch a call needs beyond its inputs and outputs (O(N): lse, D, an fp32 dQ
+// accumulator, split partials). Pass options.workspace of at least this size to avoid
+// allocation inside the call.
+std::size_t workspace_size(const ForwardArgs& args);
+std::size_t workspace_size(const BackwardArgs& args);
+std::size_t workspace_size(const DecodeArgs& args);
+
+// Host memory the library itself allocated (scratch, per-thread tiles), for tests and benchmarks.
+struct MemoryStats {
+  std::size_t current_bytes = 0;
+  std::size_t peak_bytes = 0;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+
+// CPU threading: the library's own persistent pool, or a caller's.
+// parallel_for(n, body) must call body(begin, end) on disjoint ranges covering [0, n) and return
+// when all are done.
+using ParallelFor =
+    std::function<void(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body)>;
+void set_num_threads(int n);  // 0 = hardware concurrency
+int num_threads();
+void set_parallel_for(ParallelFor fn);  // empty function = the library's pool
+
+}  // namespace tileattn

@@ -1,0 +1,41 @@
+// Options shared by every attention call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace tileattn {
+
+// Where the causal/window diagonal sits when seqlen_q != seqlen_k.
+//  bottom_right: query row i sees key j iff j <= i + seqlen_k - seqlen_q (flash-attn >= 2.1,
+//                what decoding and chunked prefill need).
+//  top_left:     query row i sees key j iff j <= i (PyTorch's is_causal convention).
+enum class MaskAlign : std::uint8_t { bottom_right, top_left };
+
+enum class Backend : std::uint8_t {
+  automatic,      // the tensors' device decides: CUDA tensors -> cuda, host tensors -> cpu_flash
+  cpu_flash,      // tiled, online-softmax CPU implementation
+  cpu_reference,  // fp64, materializes S and P: the test oracle
+  cuda,
+};
+
+struct Options {
+  std::optional<float> scale;  // default 1 / sqrt(head_dim_qk)
+  bool causal = false;
+  MaskAlign align = MaskAlign::bottom_right;  // applies to causal and to the window
+  int window_left = -1;                       // keys at most this far left of the diagonal; -1 = unbounded
+  int window_right = -1;                      // keys at most this far right; -1 = unbounded (causal => 0)
+  float softcap = 0.f;                        // > 0: score = softcap * tanh(score / softcap)
+  float dropout_p = 0.f;                      // probability of dropping; kept values scaled by 1/(1-p)
+  std::uint64_t seed = 0;                     // dropout: Philox key
+  std::uint64_t offset = 0;                   // dropout: Philox counter offset
+  bool deterministic = false;                 // backward: bitwise reproducible gradients
+  Backend backend = Backend::automatic;
+  int num_splits = 0;                         // decode: KV splits; 0 = heuristic, 1 = no split
+  void* stream = nullptr;                     // cudaStream_t for the cuda backend; nullptr = default stream
+  void* workspace = nullptr;                  // optional caller-owned scratch (see workspace_size)
+  std::size_t workspace_bytes = 0;
+};
+
+}  // namespace tileattn

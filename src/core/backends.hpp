@@ -1,0 +1,39 @@
+// The entry points every backend implements for a validated problem. The core calls them; they
+// call nothing in the core but the scratch allocator.
+#pragma once
+
+#include <cstddef>
+
+#include "core/problem.hpp"
+
+namespace tileattn {
+
+bool cuda_available();  // the library was built with the CUDA backend
+
+namespace cpu {
+void reference_forward(const Problem& p, const ForwardArgs& a);
+void reference_backward(const Problem& p, const BackwardArgs& a);
+void reference_decode(const Problem& p, const DecodeArgs& a);
+
+void flash_forward(const Problem& p, const ForwardArgs& a);
+void flash_backward(const Problem& p, const BackwardArgs& a);
+void flash_decode(const Problem& p, const DecodeArgs& a);
+void combine(const Problem& p, const CombineArgs& a);
+
+std::size_t workspace_size(const Problem& p, const ForwardArgs& a);
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a);
+std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
+}  // namespace cpu
+
+namespace cuda {
+void forward(const Problem& p, const ForwardArgs& a);
+void backward(const Problem& p, const BackwardArgs& a);
+void decode(const Problem& p, const DecodeArgs& a);
+void combine(const Problem& p, const CombineArgs& a);
+
+std::size_t workspace_size(const Problem& p, const ForwardArgs& a);
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a);
+std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
+}  // namespace cuda
+
+}  // namespace tileattn

@@ -1,0 +1,43 @@
+// The validated problem: every derived scalar of a call, resolved once in the core and handed to a
+// backend together with the caller's argument struct. Backends trust it and never re-validate.
+#pragma once
+
+#include "common/mask.hpp"
+#include "common/philox.hpp"
+#include "common/score_mod.hpp"
+#include "tileattn/attention.hpp"
+
+namespace tileattn {
+
+struct Problem {
+  Backend backend = Backend::cpu_flash;  // resolved: never automatic
+  DType dtype = DType::f32;              // of q, k, v, out (and dout, dq, dk, dv)
+  int batch = 0, heads_q = 0, heads_kv = 0, hdim_qk = 0, hdim_v = 0;
+  // Batched: the lengths. Varlen: the caller's max_seqlen bounds. Decode: seqlen_q is the query
+  // rows per sequence and seqlen_k the cache capacity per sequence.
+  int seqlen_q = 0, seqlen_k = 0;
+  bool varlen = false;
+  float scale = 1.f;
+  bool bottom_right = true;
+  int window_left = -1, window_right = -1;  // causal folded in: window_right = 0
+  float softcap = 0.f;
+  float dropout_p = 0.f;
+  bool has_alibi = false;
+  bool alibi_per_batch = false;  // slopes [batch, heads_q] rather than [heads_q]
+  // Decode only.
+  bool paged = false;
+  int page_size = 0;
+  int seqlen_new = 0;  // rows appended to the cache before attending
+
+  int group() const { return heads_q / heads_kv; }
+  Mask mask(int sq, int sk) const { return Mask(sq, sk, bottom_right, window_left, window_right); }
+  ScoreMod score_mod(float alibi_slope) const { return ScoreMod{scale, softcap, alibi_slope}; }
+  Dropout dropout(const Options& o) const { return Dropout(dropout_p, o.seed, o.offset); }
+};
+
+Problem validate(const ForwardArgs& a);
+Problem validate(const BackwardArgs& a);
+Problem validate(const DecodeArgs& a);
+Problem validate(const CombineArgs& a);
+
+}  // namespace tileattn
