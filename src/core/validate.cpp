@@ -249,8 +249,13 @@ void check_like(const char* fn, const char* name, const TensorView& t, const cha
 
 Problem validate(const ForwardArgs& a) {
   const char* fn = "forward";
-  return check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
-                   a.alibi_slopes, a.options);
+  Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
+                        a.alibi_slopes, a.options);
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_forward(p, a); !why.empty()) fail(fn, why);
+#endif
+  return p;
 }
 
 Problem validate(const BackwardArgs& a) {
