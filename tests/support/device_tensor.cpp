@@ -52,4 +52,14 @@ void DeviceTensor::to_host(HostTensor& host) const {
 
 void device_synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+DeviceStream::DeviceStream() {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = s;
+}
+DeviceStream::~DeviceStream() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
+void DeviceStream::synchronize() const {
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+}
+
 }  // namespace tileattn::test

@@ -47,4 +47,18 @@ class DeviceTensor {
 
 void device_synchronize();  // throws on any pending device error
 
+// A stream of the caller's, as options.stream takes it.
+class DeviceStream {
+ public:
+  DeviceStream();
+  ~DeviceStream();
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  void* get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  void* stream_ = nullptr;
+};
+
 }  // namespace tileattn::test
