@@ -11,18 +11,19 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
-// Copies a (CPY, CPY_M, CPY_K) partition whose coordinates are `coord`; rows at or past max_rows
-// and columns at or past max_cols are skipped, and with kClear their destination is zeroed so that
-// no stale shared memory (possibly NaN) reaches a tile product.
-template <bool kClear, class TiledCopy, class TS, class TD, class TC>
+// Copies a (CPY, CPY_M, CPY_K) partition whose coordinates are `coord`. With kRows / kCols, rows
+// at or past max_rows and columns at or past max_cols are skipped (tiles known to be whole skip the
+// test); with kClear their destination is zeroed so that no stale shared memory (possibly NaN)
+// reaches a tile product.
+template <bool kRows, bool kCols, bool kClear, class TiledCopy, class TS, class TD, class TC>
 __device__ __forceinline__ void copy_tile(const TiledCopy& tc, const TS& src, TD&& dst, const TC& coord,
                                           int max_rows, int max_cols) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coord(0, m, 0)) < max_rows) {
+    if (!kRows || get<0>(coord(0, m, 0)) < max_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(src); ++k) {
-        if (get<1>(coord(0, m, k)) < max_cols) {
+        if (!kCols || get<1>(coord(0, m, k)) < max_cols) {
           copy(tc, src(_, m, k), dst(_, m, k));
         } else if constexpr (kClear) {
           clear(dst(_, m, k));

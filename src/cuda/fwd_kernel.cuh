@@ -105,8 +105,8 @@ __device__ __forceinline__ void apply_dropout(S& p, const C& coord, const Dropou
 }
 
 // kMods: the kernel with softcap, ALiBi and dropout; without it scores stay raw and the softmax
-// folds the scale into its exponent.
-template <class T, bool kMods>
+// folds the scale into its exponent. kEvenK: both head dims equal the tile's, no column checks.
+template <class T, bool kMods, bool kEvenK>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     __syncthreads();
     typename T::GmemStore gstore;
     auto gs = gstore.get_thread_slice(tid);
-    copy_tile<false>(gstore, gs.partition_S(sO), gs.partition_D(gO), gs.partition_S(make_identity_tensor(TileQ{})),
+    copy_tile<true, true, false>(gstore, gs.partition_S(sO), gs.partition_D(gO), gs.partition_S(make_identity_tensor(TileQ{})),
                      rows, p.d_v);
   };
 
@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     return;
   }
 
-  copy_tile<true>(gload, tQg, tQs, tQc, rows, p.d_qk);
-  copy_tile<true>(gload, tKg(_, _, _, n_max - 1), tKs, tKVc, sk - (n_max - 1) * kBlockN, p.d_qk);
+  copy_tile<true, !kEvenK, true>(gload, tQg, tQs, tQc, rows, p.d_qk);
+  copy_tile<true, !kEvenK, true>(gload, tKg(_, _, _, n_max - 1), tKs, tKVc, sk - (n_max - 1) * kBlockN, p.d_qk);
   cp_async_fence();
 
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
@@ -230,25 +230,28 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   }
   const unsigned bh = unsigned(b * p.heads_q + h);
 
+  // Key tiles from the last to the first. Only tiles the mask cuts (or the last, partial one) pay
+  // for masking and for bounds checks on V's rows; K[n - 1] lies below K[n], so all its rows exist.
   for (int n = n_max - 1; n >= n_min; --n) {
     const int col0 = n * kBlockN;
+    const bool masked = !mask.block_full(m0, m0 + rows, col0, col0 + kBlockN);
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K[n] has landed; every warp is done with V[n + 1]
-    copy_tile<true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
+    copy_tile<true, !kEvenK, true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
     cp_async_fence();
 
     gemm_ss(acc_s, rQ, rK, sQ_ld, sK_ld, mma, ldsm_q, ldsm_k, tid);
 
     Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
     if constexpr (kMods) apply_score_mod(s, cS_rc, mod, m0, col0, mask.diag_offset);
-    if (!mask.block_full(m0, m0 + rows, col0, col0 + kBlockN)) apply_mask(s, cS_rc, mask, m0, col0);
+    if (masked) apply_mask(s, cS_rc, mask, m0, col0);
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done with K[n]
     if (n > n_min) {
-      copy_tile<true>(gload, tKg(_, _, _, n - 1), tKs, tKVc, sk - col0 + kBlockN, p.d_qk);
+      copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, n - 1), tKs, tKVc, 0, p.d_qk);
       cp_async_fence();
     }
 

@@ -29,9 +29,9 @@ inline void throw_on(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("tileattn::forward: ") + what + ": " + cudaGetErrorString(e));
 }
 
-template <class T, bool kMods>
+template <class T, bool kMods, bool kEvenK>
 void launch_traits(const FwdParams& p, const FwdGrid& g) {
-  auto kernel = fwd_kernel<T, kMods>;
+  auto kernel = fwd_kernel<T, kMods, kEvenK>;
   if (T::kSmemBytes > 48 * 1024)
     throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "raising the kernel's shared-memory limit");
@@ -43,10 +43,13 @@ void launch_traits(const FwdParams& p, const FwdGrid& g) {
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using T = typename FwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  // The modifiers' kernel keeps its column checks: it is not the one that must be fast.
   if (g.mods)
-    launch_traits<T, true>(p, g);
+    launch_traits<T, true, false>(p, g);
+  else if (p.d_qk == kHeadDim && p.d_v == kHeadDim)
+    launch_traits<T, false, true>(p, g);
   else
-    launch_traits<T, false>(p, g);
+    launch_traits<T, false, false>(p, g);
 }
 
 }  // namespace tileattn::cuda
