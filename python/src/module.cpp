@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "tileattn/tileattn.hpp"
 #include "views.hpp"
@@ -70,6 +71,7 @@ BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const
 DecodeArgs decode_args(const char* fn, const Input& q, const Output& k_cache, const Output& v_cache,
                        const Output& out, const OptOut& lse, const OptIn& page_table,
                        const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
+                       const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved,
                        const OptIn& alibi, const Options& o) {
   DecodeArgs a;
   a.q = to_view(fn, "q", q);
@@ -81,6 +83,9 @@ DecodeArgs decode_args(const char* fn, const Input& q, const Output& k_cache, co
   a.cache_seqlens = to_view(fn, "cache_seqlens", cache_seqlens);
   a.k_new = to_view(fn, "k_new", k_new);
   a.v_new = to_view(fn, "v_new", v_new);
+  a.rotary_cos = to_view(fn, "rotary_cos", rotary_cos);
+  a.rotary_sin = to_view(fn, "rotary_sin", rotary_sin);
+  a.rotary_interleaved = rotary_interleaved;
   a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
   a.options = o;
   return a;
@@ -194,25 +199,30 @@ void bind_calls(nb::module_& m) {
       "decode",
       [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
          const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
-         const OptIn& alibi, Options o, const OptOut& workspace) {
+         const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
+         Options o, const OptOut& workspace) {
         attach_workspace(o, workspace);
         tileattn::decode(decode_args("decode", q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new,
-                                     v_new, alibi, o));
+                                     v_new, rotary_cos, rotary_sin, rotary_interleaved, alibi, o));
       },
       "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
       "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
+      "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_interleaved"_a = false,
       "alibi_slopes"_a = nb::none(), "options"_a = Options(), "workspace"_a = nb::none(), Release());
 
   m.def(
       "decode_workspace_size",
       [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
          const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
-         const OptIn& alibi, const Options& o) {
+         const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
+         const Options& o) {
         return tileattn::workspace_size(decode_args("decode", q, k_cache, v_cache, out, lse, page_table,
-                                                    cache_seqlens, k_new, v_new, alibi, o));
+                                                    cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+                                                    rotary_interleaved, alibi, o));
       },
       "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
       "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
+      "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_interleaved"_a = false,
       "alibi_slopes"_a = nb::none(), "options"_a = Options(), Release());
 
   m.def(
@@ -232,6 +242,20 @@ void bind_calls(nb::module_& m) {
 }
 
 void bind_runtime(nb::module_& m) {
+  // NumPy exports no bfloat16 over DLPack or the buffer protocol (ml_dtypes' bfloat16 is a user
+  // dtype), so the Python layer passes such arrays as their uint16 bits, relabeled here.
+  m.def(
+      "bf16_alias",
+      [](const nb::ndarray<std::uint16_t, nb::ro>& bits) {
+        std::vector<size_t> shape(bits.ndim());
+        for (size_t d = 0; d < shape.size(); ++d) shape[d] = bits.shape(d);
+        return nb::ndarray<>(const_cast<std::uint16_t*>(bits.data()), shape.size(), shape.data(), nb::cast(bits),
+                             bits.stride_ptr(),
+                             nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1},
+                             bits.device_type(), bits.device_id());
+      },
+      "bits"_a, "The same memory as a bfloat16 array (bits: uint16 of any shape, strides and device).");
+
   nb::class_<MemoryStats>(m, "MemoryStats")
       .def_ro("current_bytes", &MemoryStats::current_bytes)
       .def_ro("peak_bytes", &MemoryStats::peak_bytes)

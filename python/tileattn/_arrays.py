@@ -4,6 +4,8 @@ The native module reads any DLPack array; the functions above it allocate their 
 library and on the device of their inputs, so a call returns what it was given.
 """
 
+from . import _C
+
 _LIBRARIES = ("numpy", "torch", "cupy")
 
 
@@ -35,6 +37,15 @@ def empty(like, shape, dtype=None):
     import cupy
     with like.device:
         return cupy.empty(shape, dtype=like.dtype if dtype is None else cupy.dtype(dtype))
+
+
+def native(x):
+    """x as the native module reads it: NumPy bfloat16 arrays (ml_dtypes), which NumPy cannot export,
+    as their uint16 bits relabeled bfloat16; anything else unchanged."""
+    if type(x).__module__ == "numpy" and x.dtype.name == "bfloat16":
+        import numpy as np
+        return _C.bf16_alias(x.view(np.uint16))
+    return x
 
 
 def full_int32(like, shape, value):

@@ -10,7 +10,7 @@ flash_attn_varlen_func are not supported.
 
 import numpy as np
 
-from . import _config, _functional, _rotary
+from . import _config, _functional
 from ._arrays import contiguous_last, full_int32, is_torch
 
 
@@ -105,9 +105,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (batch, max_blocks_per_seq) int32. k/v (batch, seqlen_new, nheads_k, d) are written into the cache
     in place at cache_seqlens[b]... before attending. cache_seqlens: int or (batch,) int32 (default:
     the whole capacity). cache_batch_idx (batch,) int32 picks each sequence's cache row. rotary_cos/sin
-    (seqlen_ro, rotary_dim / 2) rotate k at positions cache_seqlens + i and q at the same positions
-    when causal or windowed, else at cache_seqlens. Returns out, or (out, softmax_lse) with
-    return_softmax_lse. No backward."""
+    (seqlen_ro >= capacity, rotary_dim / 2) in q's dtype rotate k at positions cache_seqlens + i and q
+    at the same positions when causal or windowed, else at cache_seqlens. Returns out, or
+    (out, softmax_lse) with return_softmax_lse. No backward."""
     if cache_leftpad is not None:
         raise NotImplementedError("tileattn: flash_attn_with_kvcache(cache_leftpad=...) is not supported")
     q, k, v = (contiguous_last(x) for x in (q, k, v))
@@ -123,22 +123,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         page_table = cache_batch_idx.reshape(batch, 1)
         if cache_seqlens is None:
             cache_seqlens = full_int32(q, (batch,), k_cache.shape[1])
-    if rotary_cos is not None and k is not None:
-        base = cache_seqlens if cache_seqlens is not None else full_int32(q, (batch,), 0)
-        local = causal or tuple(window_size) != (-1, -1)
-        k = _rotary.apply(k, rotary_cos, rotary_sin, _rotary.positions(base, k.shape[1], True, q),
-                          rotary_interleaved)
-        q = _rotary.apply(q, rotary_cos, rotary_sin, _rotary.positions(base, q.shape[1], local, q),
-                          rotary_interleaved)
     window_left, window_right = int(window_size[0]), -1 if causal else int(window_size[1])
     if is_torch(q):
         from . import _torch_ops
-        out, lse = _torch_ops.decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, alibi_slopes,
-                                     softmax_scale, causal, window_left, window_right, softcap, num_splits,
-                                     _config.backend)
+        out, lse = _torch_ops.decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                                     rotary_interleaved, alibi_slopes, softmax_scale, causal, window_left,
+                                     window_right, softcap, num_splits, _config.backend)
     else:
         out, lse = _functional.decode(
             q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, page_table=page_table,
+            rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
             alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal, window_left=window_left,
             window_right=window_right, softcap=softcap, num_splits=num_splits, backend=_config.backend)
     return (out, lse) if return_softmax_lse else out

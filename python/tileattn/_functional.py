@@ -7,7 +7,7 @@ allocate, and a call whose shapes make no sense gets no lse so the core reports 
 """
 
 from . import _C
-from ._arrays import current_stream, empty, on_cuda
+from ._arrays import current_stream, empty, native, on_cuda
 
 _BACKENDS = {
     "auto": _C.Backend.automatic,
@@ -44,6 +44,10 @@ def _workspace(like, size_fn, *args, **kwargs):
     return empty(like, (nbytes,), "uint8") if nbytes > 0 else None
 
 
+def _native(*args):
+    return tuple(native(a) for a in args)
+
+
 def _lse_shape(q, varlen):
     if varlen and q.ndim == 3:
         return (q.shape[1], q.shape[0])
@@ -64,7 +68,7 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, ma
     out = _out_like(q, v)
     shape = _lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None)
     lse = empty(q, shape, "float32") if shape is not None else None
-    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o)
+    args = _native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o)
     ws = _workspace(q, _C.forward_workspace_size, *args)
     _C.forward(*args, workspace=ws)
     return out, lse
@@ -76,7 +80,7 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     opts must match the forward's (dropout seed and offset included)."""
     o = options(q, **opts)
     dq, dk, dv = empty(q, q.shape), empty(k, k.shape), empty(v, v.shape)
-    args = (q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    args = _native(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             alibi_slopes, o)
     ws = _workspace(q, _C.backward_workspace_size, *args)
     _C.backward(*args, workspace=ws)
@@ -84,15 +88,16 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
 
 
 def decode(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, page_table=None,
-           alibi_slopes=None, **opts):
+           rotary_cos=None, rotary_sin=None, rotary_interleaved=False, alibi_slopes=None, **opts):
     """Attention of q [batch, seqlen_q, heads_q, d] against a KV cache, contiguous
     [batch, capacity, heads_kv, d] or paged [pages, page_size, heads_kv, d] with an int32 page_table
-    [batch, pages_per_seq]. k_new/v_new are first written into the cache at cache_seqlens[b]...
-    Returns (out, lse)."""
+    [batch, pages_per_seq]. k_new/v_new are first written into the cache at cache_seqlens[b]...,
+    rotated by rotary_cos/sin [positions, rotary_dim / 2] when given. Returns (out, lse)."""
     o = options(q, **opts)
     out = _out_like(q, v_cache)
     lse = empty(q, (q.shape[0], q.shape[2], q.shape[1]), "float32") if q.ndim == 4 else None
-    args = (q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, alibi_slopes, o)
+    args = _native(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+            rotary_interleaved, alibi_slopes, o)
     ws = _workspace(q, _C.decode_workspace_size, *args)
     _C.decode(*args, workspace=ws)
     return out, lse
@@ -107,5 +112,5 @@ def combine(out_partial, lse_partial, *, out=None, backend="auto"):
         out = empty(out_partial, out_partial.shape[1:])
     s = out_partial.shape
     lse = empty(out_partial, (s[1], s[3], s[2]), "float32") if out_partial.ndim == 5 else None
-    _C.combine(out_partial, lse_partial, out, lse, o)
+    _C.combine(*_native(out_partial, lse_partial, out, lse, o))
     return out, lse
