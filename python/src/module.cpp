@@ -46,7 +46,7 @@ ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const I
 }
 
 BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Input& out,
-                           const Input& dout, const Input& lse, const Output& dq, const Output& dk,
+                           const Input& dout, const OptIn& lse, const Output& dq, const Output& dk,
                            const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
                            const OptIn& alibi, const Options& o) {
   BackwardArgs a;
@@ -172,7 +172,7 @@ void bind_calls(nb::module_& m) {
 
   m.def(
       "backward",
-      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const Input& lse,
+      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
          int max_k, const OptIn& alibi, Options o, const OptOut& workspace) {
         attach_workspace(o, workspace);
@@ -185,7 +185,7 @@ void bind_calls(nb::module_& m) {
 
   m.def(
       "backward_workspace_size",
-      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const Input& lse,
+      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
          int max_k, const OptIn& alibi, const Options& o) {
         return tileattn::workspace_size(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q,
@@ -249,7 +249,7 @@ void bind_runtime(nb::module_& m) {
       [](const nb::ndarray<std::uint16_t, nb::ro>& bits) {
         std::vector<size_t> shape(bits.ndim());
         for (size_t d = 0; d < shape.size(); ++d) shape[d] = bits.shape(d);
-        return nb::ndarray<>(const_cast<std::uint16_t*>(bits.data()), shape.size(), shape.data(), nb::cast(bits),
+        return nb::ndarray<nb::array_api>(const_cast<std::uint16_t*>(bits.data()), shape.size(), shape.data(), nb::cast(bits),
                              bits.stride_ptr(),
                              nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1},
                              bits.device_type(), bits.device_id());

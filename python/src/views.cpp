@@ -56,9 +56,20 @@ TensorView convert(const char* fn, const char* name, const Array& a) {
   t.dtype = to_dtype(fn, name, a.dtype());
   t.device = to_device(fn, name, a.device_type(), a.device_id());
   t.ndim = ndim;
+  bool empty = false;
   for (int d = 0; d < ndim; ++d) {
     t.shape[d] = static_cast<std::int64_t>(a.shape(d));
     t.stride[d] = a.stride(d);
+    empty = empty || t.shape[d] == 0;
+  }
+  // An empty array addresses no element, so its strides mean nothing and producers differ (NumPy
+  // exports zeros); give it row-major ones rather than have the core reject a strided last dim.
+  if (empty) {
+    std::int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      t.stride[d] = s;
+      s *= t.shape[d] > 0 ? t.shape[d] : 1;
+    }
   }
   return t;
 }

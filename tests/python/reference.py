@@ -3,6 +3,7 @@ gradients, the Philox dropout mask, rotary embedding, and a same-precision stand
 (the baseline of DESIGN.md's tolerance rule)."""
 
 import numpy as np
+import pytest
 
 try:
     import ml_dtypes
@@ -12,6 +13,8 @@ except ImportError:  # bf16 tests skip without it
 
 def np_dtype(name):
     if name == "bf16":
+        if ml_dtypes is None:
+            pytest.skip("bfloat16 NumPy arrays need ml_dtypes")
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype({"f32": np.float32, "f16": np.float16}[name])
 

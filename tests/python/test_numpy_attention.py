@@ -344,3 +344,11 @@ def test_workspace_sizes_and_runtime():
     tileattn.set_num_threads(1)
     assert tileattn.num_threads() == 1
     tileattn.set_num_threads(saved)
+
+
+def test_empty_inputs(rng):
+    q, kv = randn(rng, (2, 0, 2, 16)), randn(rng, (2, 5, 2, 16))
+    with tileattn.use_backend(FWD):
+        assert tileattn.flash_attn_func(q, kv, kv).shape == (2, 0, 2, 16)
+        out, lse, _ = tileattn.flash_attn_func(randn(rng, (1, 3, 2, 16)), q[:1], q[:1], return_attn_probs=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
