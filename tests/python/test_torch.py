@@ -153,8 +153,23 @@ def _grads(fn, inputs, dout):
     return torch.autograd.grad(out, inputs, dout)
 
 
+def _packed_varlen(fn, q, k, v, pack, **kw):
+    """A batch of equal-length sequences through a varlen function: [b, s, h, d] <-> [b * s, h, d]."""
+    b, s = q.shape[:2]
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+    flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
+    return fn(*pack(*flat), cu, *(() if fn is tileattn.flash_attn_varlen_qkvpacked_func else (cu,)), s,
+              *(() if fn is tileattn.flash_attn_varlen_qkvpacked_func else (s,)), **kw).reshape(q.shape)
+
+
 PUBLIC = {
     "flash_attn_func": lambda q, k, v, **kw: tileattn.flash_attn_func(q, k, v, **kw),
+    "varlen": lambda q, k, v, **kw: _packed_varlen(tileattn.flash_attn_varlen_func, q, k, v,
+                                                   lambda *x: x, **kw),
+    "varlen_qkvpacked": lambda q, k, v, **kw: _packed_varlen(tileattn.flash_attn_varlen_qkvpacked_func, q, k, v,
+                                                             lambda *x: (torch.stack(x, dim=1),), **kw),
+    "varlen_kvpacked": lambda q, k, v, **kw: _packed_varlen(tileattn.flash_attn_varlen_kvpacked_func, q, k, v,
+                                                            lambda q, k, v: (q, torch.stack([k, v], dim=1)), **kw),
     "qkvpacked": lambda q, k, v, **kw: tileattn.flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), **kw),
     "kvpacked": lambda q, k, v, **kw: tileattn.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), **kw),
     "sdpa": lambda q, k, v, causal=False, **kw: tileattn.scaled_dot_product_attention(
