@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
+#include "core/overlap.hpp"
 #include "core/problem.hpp"
 #include "tileattn/error.hpp"
 
@@ -245,12 +246,41 @@ void check_like(const char* fn, const char* name, const TensorView& t, const cha
   if (!same) fail(fn, name, " has shape ", shape_str(t), " but ", ref_name, " has shape ", shape_str(ref));
 }
 
+// Outputs written by several threads must each own their memory: no output may alias itself,
+// another output, or an input it is computed from.
+struct Named {
+  const char* name;
+  const TensorView* t;
+};
+
+void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  for (const Named& o : outputs) {
+    if (!o.t->present()) continue;
+    if (view_self_overlaps(*o.t)) {
+      std::ostringstream st;
+      for (int d = 0; d < o.t->ndim; ++d) st << (d ? ", " : "") << o.t->stride[d];
+      fail(fn, o.name, " with shape ", shape_str(*o.t), " and strides [", st.str(), "] maps several elements to one address");
+    }
+  }
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (!o->t->present()) continue;
+    for (auto p = std::next(o); p != outputs.end(); ++p)
+      if (p->t->present() && views_overlap(*o->t, *p->t)) fail(fn, "outputs ", o->name, " and ", p->name, " overlap in memory");
+    for (const Named& i : inputs)
+      if (i.t->present() && views_overlap(*o->t, *i.t)) fail(fn, "output ", o->name, " overlaps input ", i.name, " in memory");
+  }
+}
+
 }  // namespace
 
 Problem validate(const ForwardArgs& a) {
   const char* fn = "forward";
-  return check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
-                   a.alibi_slopes, a.options);
+  Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
+                        a.alibi_slopes, a.options);
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+  return p;
 }
 
 Problem validate(const BackwardArgs& a) {
@@ -262,6 +292,10 @@ Problem validate(const BackwardArgs& a) {
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);
   check_like(fn, "dv", a.dv, "v", a.v);
+  check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
+                          {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
+                          {"alibi_slopes", &a.alibi_slopes}});
   return p;
 }
 
@@ -366,6 +400,10 @@ Problem validate(const DecodeArgs& a) {
   if (o.dropout_p != 0.f) fail(fn, "options.dropout_p = ", o.dropout_p, ", decode does not support dropout");
   check_options(fn, o, p);
   check_alibi(fn, a.alibi_slopes, dev, p);
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"page_table", &a.page_table},
+                          {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new},
+                          {"alibi_slopes", &a.alibi_slopes}});
   return p;
 }
 
@@ -396,6 +434,8 @@ Problem validate(const CombineArgs& a) {
     check_same_device(fn, "lse", a.lse, dev);
     check_shape(fn, "lse", a.lse, {s[1], s[3], s[2]});
   }
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});
   return p;
 }
 
