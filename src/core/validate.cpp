@@ -69,9 +69,11 @@ void check_float_dtype(const char* fn, const char* name, const TensorView& t) {
     fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected f32, f16 or bf16");
 }
 
-void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev) {
+// ref_name: the tensor whose device every other argument must share.
+void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev,
+                       const char* ref_name = "q") {
   if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but q is on ",
+    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but ", ref_name, " is on ",
          device_str(dev), ":", dev.index);
 }
 
@@ -418,8 +420,8 @@ Problem validate(const CombineArgs& a) {
   check_float_dtype(fn, "out", a.out);
   p.dtype = a.out.dtype;
   const Device dev = a.out_partial.device;
-  check_same_device(fn, "lse_partial", a.lse_partial, dev);
-  check_same_device(fn, "out", a.out, dev);
+  check_same_device(fn, "lse_partial", a.lse_partial, dev, "out_partial");
+  check_same_device(fn, "out", a.out, dev, "out_partial");
   p.backend = resolve_backend(fn, a.options, dev);
   const auto& s = a.out_partial.shape;
   if (s[0] < 1) fail(fn, "out_partial.shape[0] (splits) = ", s[0], ", expected >= 1");
@@ -431,8 +433,9 @@ Problem validate(const CombineArgs& a) {
   check_shape(fn, "out", a.out, {s[1], s[2], s[3], s[4]});
   if (a.lse.present()) {
     check_dtype(fn, "lse", a.lse, DType::f32);
-    check_same_device(fn, "lse", a.lse, dev);
+    check_same_device(fn, "lse", a.lse, dev, "out_partial");
     check_shape(fn, "lse", a.lse, {s[1], s[3], s[2]});
+    if (a.lse.numel() > 0 && a.lse.data == nullptr) fail(fn, "lse has a null data pointer");
   }
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});

@@ -46,8 +46,8 @@ TEST(ValidateCombine, EveryArgument) {
       {"out_partial dtype", [](CombineArgs& a) { a.out_partial.dtype = DType::f16; }, {"out_partial has dtype f16, expected f32"}},
       {"lse_partial dtype", [](CombineArgs& a) { a.lse_partial.dtype = DType::bf16; }, {"lse_partial has dtype bf16, expected f32"}},
       {"out dtype", [](CombineArgs& a) { a.out.dtype = DType::i32; }, {"out has dtype i32, expected f32, f16 or bf16"}},
-      {"lse_partial device", [](CombineArgs& a) { a.lse_partial.device = kCuda; }, {"lse_partial is on cuda:0"}},
-      {"out device", [](CombineArgs& a) { a.out.device = kCuda; }, {"out is on cuda:0"}},
+      {"lse_partial device", [](CombineArgs& a) { a.lse_partial.device = kCuda; }, {"lse_partial is on cuda:0 but out_partial is on cpu:0"}},
+      {"out device", [](CombineArgs& a) { a.out.device = kCuda; }, {"out is on cuda:0 but out_partial is on cpu:0"}},
       {"cuda backend", [](CombineArgs& a) { a.options.backend = Backend::cuda; },
        {"options.backend = cuda but the tensors are on the cpu"}},
       {"no splits", [](CombineArgs& a) { a.out_partial.shape[0] = 0; a.lse_partial.shape[0] = 0; },
@@ -56,7 +56,8 @@ TEST(ValidateCombine, EveryArgument) {
        {"lse_partial has shape [3, 2, 2, 4], expected [3, 2, 4, 2]"}},
       {"out shape", [](CombineArgs& a) { a.out.shape[3] = 8; }, {"out has shape [2, 2, 4, 8], expected [2, 2, 4, 16]"}},
       {"lse dtype", [](CombineArgs& a) { a.lse.dtype = DType::f16; }, {"lse has dtype f16, expected f32"}},
-      {"lse device", [](CombineArgs& a) { a.lse.device = kCuda; }, {"lse is on cuda:0"}},
+      {"lse device", [](CombineArgs& a) { a.lse.device = kCuda; }, {"lse is on cuda:0 but out_partial is on cpu:0"}},
+      {"lse null", [](CombineArgs& a) { a.lse.data = nullptr; }, {"lse has a null data pointer"}},
       {"lse shape", [](CombineArgs& a) { a.lse.shape[2] = 3; }, {"lse has shape [2, 4, 3], expected [2, 4, 2]"}},
   };
   for (const Case& c : cases) {
