@@ -1,5 +1,6 @@
 // The one place every invariant of a call is checked. Each failure throws tileattn::Error naming
 // the call, the argument and the offending values; nothing has been written to any output then.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -107,8 +108,11 @@ void check_options(const char* fn, const Options& o, Problem& p) {
   if (o.window_right < -1) fail(fn, "options.window_right = ", o.window_right, ", expected -1 (unbounded) or >= 0");
   if (o.causal && o.window_right > 0)
     fail(fn, "options.causal = true conflicts with options.window_right = ", o.window_right, " (causal means 0)");
-  p.window_left = o.window_left;
-  p.window_right = o.causal ? 0 : o.window_right;
+  // A window reaching past every key is unbounded; folding it to -1 keeps Mask's int arithmetic
+  // (i + diag_offset +- window) from overflowing on windows such as INT_MAX.
+  const int reach_all = std::max(p.seqlen_q, p.seqlen_k);
+  p.window_left = o.window_left >= reach_all ? -1 : o.window_left;
+  p.window_right = o.causal ? 0 : (o.window_right >= reach_all ? -1 : o.window_right);
   p.bottom_right = o.align == MaskAlign::bottom_right;
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     fail(fn, "options.softcap = ", o.softcap, ", expected a finite value >= 0 (0 = off)");
