@@ -57,7 +57,7 @@ def _lse_shape(q, varlen):
 
 
 def _out_like(q, v):
-    return empty(q, tuple(q.shape[:-1]) + (v.shape[-1],)) if q.ndim >= 1 and v.ndim >= 1 else empty(q, q.shape)
+    return empty(q, tuple(q.shape[:-1]) + tuple(v.shape[-1:]))
 
 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
