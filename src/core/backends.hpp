@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "core/problem.hpp"
 
@@ -26,6 +28,9 @@ std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
 }  // namespace cpu
 
 namespace cuda {
+// Copies a device int32 tensor of rank 1 or 2 to the host, in logical row-major order.
+std::vector<std::int32_t> read_i32(const TensorView& t);
+
 void forward(const Problem& p, const ForwardArgs& a);
 void backward(const Problem& p, const BackwardArgs& a);
 void decode(const Problem& p, const DecodeArgs& a);

@@ -134,10 +134,20 @@ void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem
   p.has_alibi = true;
 }
 
-// Reads an int32 device-independent vector into host memory when it lives on the host; the cuda
-// backend cannot read device memory here without a synchronization, so device values are trusted.
-bool host_ints(const TensorView& t, std::vector<std::int64_t>& out) {
-  if (t.device.type != DeviceType::cpu) return false;
+// Reads a 1-D int32 tensor's values on the host. Device values need a copy and a synchronization:
+// only when allow_device (options.check_device_indices, decode); otherwise they are trusted.
+bool host_ints(const TensorView& t, std::vector<std::int64_t>& out, bool allow_device = false) {
+  if (t.device.type != DeviceType::cpu) {
+#if defined(TILEATTN_WITH_CUDA)
+    if (!allow_device) return false;
+    const std::vector<std::int32_t> v = cuda::read_i32(t);
+    out.assign(v.begin(), v.end());
+    return true;
+#else
+    (void)allow_device;
+    return false;
+#endif
+  }
   out.resize(t.numel());
   for (std::int64_t i = 0; i < t.numel(); ++i) out[i] = t.ptr<const std::int32_t>()[i * t.stride[0]];
   return true;
@@ -342,19 +352,30 @@ Problem validate(const DecodeArgs& a) {
     check_same_device(fn, "cache_seqlens", a.cache_seqlens, dev);
     check_shape(fn, "cache_seqlens", a.cache_seqlens, {p.batch});
     std::vector<std::int64_t> lens;
-    if (host_ints(a.cache_seqlens, lens)) {
+    if (host_ints(a.cache_seqlens, lens, a.options.check_device_indices)) {
       for (int b = 0; b < p.batch; ++b) {
         if (lens[b] < 0) fail(fn, "cache_seqlens[", b, "] = ", lens[b], " is negative");
         if (lens[b] + p.seqlen_new > capacity)
           fail(fn, "cache_seqlens[", b, "] = ", lens[b], " plus ", p.seqlen_new, " appended rows exceeds the cache capacity of ", capacity,
                p.paged ? " (page_table.shape[1] * page_size)" : " (k_cache.shape[1])");
       }
-      if (p.paged && a.page_table.device.type == DeviceType::cpu) {
-        const auto* pt = a.page_table.ptr<const std::int32_t>();
+      if (p.paged) {
+        // The page table in row-major order, from wherever it lives.
+        std::vector<std::int64_t> pt;
+        if (a.page_table.device.type == DeviceType::cpu) {
+          for (std::int64_t b = 0; b < a.page_table.shape[0]; ++b)
+            for (std::int64_t i = 0; i < a.page_table.shape[1]; ++i)
+              pt.push_back(a.page_table.ptr<const std::int32_t>()[b * a.page_table.stride[0] + i * a.page_table.stride[1]]);
+        } else {
+#if defined(TILEATTN_WITH_CUDA)
+          const std::vector<std::int32_t> v = cuda::read_i32(a.page_table);
+          pt.assign(v.begin(), v.end());
+#endif
+        }
         for (int b = 0; b < p.batch; ++b) {
           const std::int64_t used = (lens[b] + p.seqlen_new + n1 - 1) / n1;
           for (std::int64_t i = 0; i < used; ++i) {
-            const std::int64_t page = pt[b * a.page_table.stride[0] + i * a.page_table.stride[1]];
+            const std::int64_t page = pt[b * a.page_table.shape[1] + i];
             if (page < 0 || page >= n0)
               fail(fn, "page_table[", b, ", ", i, "] = ", page, " is outside [0, ", n0, ") (k_cache.shape[0] pages)");
           }
