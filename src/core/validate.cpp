@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backends.hpp"
@@ -158,6 +159,26 @@ bool host_ints(const TensorView& t, std::vector<std::int64_t>& out, bool allow_d
   out.resize(t.numel());
   for (std::int64_t i = 0; i < t.numel(); ++i) out[i] = t.ptr<const std::int32_t>()[i * t.stride[0]];
   return true;
+}
+
+// A page that an append writes must not be read or written anywhere else in the call: two live
+// slots sharing it would race (shared prefix pages are fine as long as nobody appends into them).
+void check_append_pages(const char* fn, const std::vector<std::int64_t>& pt, std::int64_t per_seq,
+                        const std::vector<std::int64_t>& lens, int seqlen_new, std::int64_t page_size) {
+  std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> owner;  // page -> (b, slot)
+  for (std::size_t b = 0; b < lens.size(); ++b) {
+    const std::int64_t used = (lens[b] + seqlen_new + page_size - 1) / page_size;
+    for (std::int64_t i = 0; i < used; ++i) {
+      const std::int64_t page = pt[b * per_seq + i];
+      auto [it, fresh] = owner.emplace(page, std::make_pair(static_cast<std::int64_t>(b), i));
+      if (fresh) continue;
+      const auto [b2, i2] = it->second;
+      auto written = [&](std::int64_t bb, std::int64_t ii) { return ii >= lens[bb] / page_size; };
+      if (written(static_cast<std::int64_t>(b), i) || written(b2, i2))
+        fail(fn, "page_table[", b2, ", ", i2, "] and page_table[", b, ", ", i, "] both name page ", page,
+             ", which the append writes: it would be read and written concurrently");
+    }
+  }
 }
 
 void check_cu_seqlens(const char* fn, const char* name, const TensorView& cu, int batch,
@@ -420,6 +441,7 @@ Problem validate(const DecodeArgs& a) {
               fail(fn, "page_table[", b, ", ", i, "] = ", page, " is outside [0, ", n0, ") (k_cache.shape[0] pages)");
           }
         }
+        if (p.seqlen_new > 0) check_append_pages(fn, pt, a.page_table.shape[1], lens, p.seqlen_new, n1);
       }
     }
   }

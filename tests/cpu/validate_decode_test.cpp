@@ -165,6 +165,21 @@ TEST(ValidateDecode, PageTable) {
     t.run(true, {{"page out of range", [](DecodeArgs&) {}, {frag}}});
   }
   t.table.set(4, 5);
+  // Sequence 2 appends rows 8-9 into its page at [2, 2]; naming that page in sequence 1 would race.
+  t.table.set(3, 3);
+  t.run(true, {{"appended page shared", [](DecodeArgs&) {},
+                {"page_table[1, 0] and page_table[2, 2] both name page 3, which the append writes"}}});
+  t.table.set(3, 2);
+}
+
+TEST(ValidateDecode, SharedPagesThatNobodyWritesPass) {
+  Fixture t;
+  // A shared prefix: sequences 1 and 2 read page 5 (entry [1, 1] and [2, 0]) with no append into it.
+  t.table.set(6, 5);
+  DecodeArgs a = t.paged();
+  a.k_new = TensorView{};
+  a.v_new = TensorView{};
+  decode(a);
 }
 
 }  // namespace
