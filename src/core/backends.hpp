@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -39,6 +40,10 @@ void combine(const Problem& p, const CombineArgs& a);
 std::size_t workspace_size(const Problem& p, const ForwardArgs& a);
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a);
 std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
+
+// For the core's validation: why the cuda backend cannot run this call (host pointers, dtypes or
+// head dims without a kernel, misaligned data); empty when it can.
+std::string check_forward(const Problem& p, const ForwardArgs& a);
 }  // namespace cuda
 
 }  // namespace tileattn
