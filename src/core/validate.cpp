@@ -357,6 +357,11 @@ Problem validate(const DecodeArgs& a) {
   check_same_device(fn, "v_cache", a.v_cache, dev);
   check_same_device(fn, "out", a.out, dev);
   p.backend = resolve_backend(fn, a.options, dev);
+#if defined(TILEATTN_WITH_CUDA)
+  // Before any index tensor is read back from the device: their pointers must be device memory.
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_decode(p, a); !why.empty()) fail(fn, why);
+#endif
   p.batch = to_int(fn, "q batch", a.q.shape[0]);
   p.seqlen_q = to_int(fn, "q seqlen", a.q.shape[1]);
   p.heads_q = to_int(fn, "q heads", a.q.shape[2]);
@@ -507,6 +512,10 @@ Problem validate(const CombineArgs& a) {
   }
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_combine(p, a); !why.empty()) fail(fn, why);
+#endif
   return p;
 }
 
