@@ -467,8 +467,13 @@ Problem validate(const DecodeArgs& a) {
     check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     if (half < 1 || 2 * half > p.hdim_qk)
       fail(fn, "rotary_cos.shape[1] = ", half, " gives rotary_dim = ", 2 * half, ", expected 2 <= rotary_dim <= head_dim_qk = ", p.hdim_qk);
-    if (positions < capacity)
-      fail(fn, "rotary_cos.shape[0] = ", positions, " positions cannot cover the cache capacity of ", capacity);
+    // flash_attn_with_kvcache's rule: query row i sits at cache_seqlens[b] + i when the call is
+    // causal or windowed, else every row at cache_seqlens[b]; appended row n at cache_seqlens[b] + n.
+    p.rotary_per_row = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
+    const std::int64_t needed = capacity + (p.rotary_per_row ? p.seqlen_q - 1 : 0);
+    if (positions < needed)
+      fail(fn, "rotary_cos.shape[0] = ", positions, " positions cannot cover the cache capacity of ", capacity,
+           p.rotary_per_row ? " plus the query rows beyond the first" : "", " (", needed, " needed)");
     p.rotary_dim = static_cast<int>(2 * half);
   }
   Options o = a.options;

@@ -80,7 +80,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.v_new.fill_normal(rng);
   }
   if (c.rotary_dim > 0) {
-    const int cap = c.page_size > 0 ? static_cast<int>(in.page_table.shape()[1]) * c.page_size : c.capacity;
+    const int cap = (c.page_size > 0 ? static_cast<int>(in.page_table.shape()[1]) * c.page_size : c.capacity) + c.seqlen_q;
     in.cos = HostTensor(c.dtype, {cap, c.rotary_dim / 2});
     in.sin = HostTensor(c.dtype, {cap, c.rotary_dim / 2});
     for (int pos = 0; pos < cap; ++pos)

@@ -19,7 +19,7 @@ using decoding::CombineParams;
 using decoding::Params;
 
 constexpr int kWarps = 4;
-constexpr int kMinKeysPerSplit = 128;
+constexpr int kMinKeysPerSplit = 256;
 
 int rows_per_block(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
@@ -31,17 +31,64 @@ int padded_dim(const Problem& p) {
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
-// Splits of the KV sequence: enough blocks to keep every SM streaming (about four resident blocks
-// each), but never splits shorter than kMinKeysPerSplit keys, whose partials would cost more to
-// merge than they save. No split when the (batch, KV head, row chunk) grid already fills the GPU.
+// The split-KV kernel for a problem's dtype, padded head dim and rows per block, as a function
+// pointer with its shared memory, so the host can ask for its occupancy and launch it.
+struct Kernel {
+  void (*fn)(Params);
+  std::size_t smem;
+};
+
+template <class T, int D, int ROWS>
+Kernel kernel_for() {
+  using Shape = decoding::SplitKvShape<D, ROWS, kWarps>;
+  static const Kernel k = [] {
+    Kernel kk{&decoding::split_kv_kernel<T, D, ROWS, kWarps>, Shape::kSmemBytes};
+    check(cudaFuncSetAttribute(kk.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kk.smem)),
+          "cudaFuncSetAttribute (decode shared memory)");
+    return kk;
+  }();
+  return k;
+}
+
+template <class T, int D>
+Kernel kernel_rows(int rows) {
+  switch (rows) {
+    case 1: return kernel_for<T, D, 1>();
+    case 2: return kernel_for<T, D, 2>();
+    case 4: return kernel_for<T, D, 4>();
+    default: return kernel_for<T, D, 8>();
+  }
+}
+
+template <class T>
+Kernel kernel_dim(int d, int rows) {
+  switch (d) {
+    case 64: return kernel_rows<T, 64>(rows);
+    case 128: return kernel_rows<T, 128>(rows);
+    default: return kernel_rows<T, 256>(rows);
+  }
+}
+
+Kernel select_kernel(const Problem& p) {
+  return p.dtype == DType::f16 ? kernel_dim<__half>(padded_dim(p), rows_per_block(p))
+                               : kernel_dim<__nv_bfloat16>(padded_dim(p), rows_per_block(p));
+}
+
+// Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy
+// times the SM count) without spilling into a second, but never splits shorter than
+// kMinKeysPerSplit keys, whose partials would cost more to merge than they save. No split when the
+// (batch, KV head, row chunk) grid already fills the GPU.
 int choose_splits(const Problem& p, const Options& o) {
-  const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
   if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.seqlen_k));
   const int rows = p.seqlen_q * p.group(), rpb = rows_per_block(p);
   const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + rpb - 1) / rpb);
-  const long target = 4L * device_sm_count();
-  if (base == 0 || base >= target) return 1;
-  return static_cast<int>(std::min<long>(max_splits, (target + base - 1) / base));
+  const Kernel k = select_kernel(p);
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kWarps * 32, k.smem), "decode occupancy");
+  const long wave = static_cast<long>(std::max(per_sm, 1)) * device_sm_count();
+  if (base == 0 || base >= wave) return 1;
+  const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+  return static_cast<int>(std::max<long>(1, std::min<long>(max_splits, wave / base)));
 }
 
 struct Layout {
@@ -63,31 +110,6 @@ Layout layout(const Problem& p, const Options& o) {
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
   w.total = at;
   return w;
-}
-
-template <class T, int D, int ROWS>
-void launch_split_kv(const Params& prm, dim3 grid, cudaStream_t s) {
-  const std::size_t smem = (kWarps * ROWS * D + kWarps * ROWS * 2) * sizeof(float);
-  decoding::split_kv_kernel<T, D, ROWS, kWarps><<<grid, kWarps * 32, smem, s>>>(prm);
-}
-
-template <class T, int D>
-void dispatch_rows(int rows, const Params& prm, dim3 grid, cudaStream_t s) {
-  switch (rows) {
-    case 1: return launch_split_kv<T, D, 1>(prm, grid, s);
-    case 2: return launch_split_kv<T, D, 2>(prm, grid, s);
-    case 4: return launch_split_kv<T, D, 4>(prm, grid, s);
-    default: return launch_split_kv<T, D, 8>(prm, grid, s);
-  }
-}
-
-template <class T>
-void dispatch_dim(int d, int rows, const Params& prm, dim3 grid, cudaStream_t s) {
-  switch (d) {
-    case 64: return dispatch_rows<T, 64>(rows, prm, grid, s);
-    case 128: return dispatch_rows<T, 128>(rows, prm, grid, s);
-    default: return dispatch_rows<T, 256>(rows, prm, grid, s);
-  }
 }
 
 template <class T>
@@ -130,7 +152,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
     ap.q_b = a.q.stride[0], ap.q_i = a.q.stride[1], ap.q_h = a.q.stride[2];
     ap.q_rot = ws + w.q_rot;
     ap.seqlen_q = p.seqlen_q, ap.heads_q = p.heads_q;
-    ap.q_per_row = p.window_left >= 0 || p.window_right >= 0;
+    ap.q_per_row = p.rotary_per_row;
     decoding::rotate_q_kernel<T><<<p.batch * p.seqlen_q * p.heads_q, pair_threads, 0, s>>>(ap);
     check_launch("decode rotary q");
     prm.q = ws + w.q_rot;
@@ -167,7 +189,8 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   const int chunks = (p.seqlen_q * p.group() + rows - 1) / rows;
   const dim3 grid(p.batch * chunks, p.heads_kv, w.splits);
   if (grid.x == 0) return;
-  dispatch_dim<T>(padded_dim(p), rows, prm, grid, s);
+  const Kernel k = select_kernel(p);
+  k.fn<<<grid, kWarps * 32, k.smem, s>>>(prm);
   check_launch("decode split-kv");
 
   if (w.splits > 1) {

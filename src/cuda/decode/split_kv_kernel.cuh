@@ -1,14 +1,16 @@
 // Flash-decoding: one thread block per (KV split, KV head, batch, query-row chunk). Decoding is
-// memory-bound, so the kernel is built around reading each K/V byte once with wide, independent
-// loads: every query row of a GQA group rides along in registers (the group shares one pass over
-// the cache), a key row is spread over D/8 lanes that each load 16 bytes, and several keys are in
-// flight per lane before their first use. Scores and the online softmax run on CUDA cores; with at
-// most 8 query rows per block the arithmetic hides under the loads.
+// memory-bound, so the kernel is built around reading each K/V byte once and keeping many bytes in
+// flight: every query row of a GQA group rides along in registers (the group shares one pass over
+// the cache), a key row is spread over D/8 lanes that each copy 16 bytes, and each lane streams its
+// keys through a private multi-stage cp.async ring in shared memory, so loads for later stages are
+// in flight while it computes on the current one without holding registers. Scores and the online
+// softmax run on CUDA cores; with at most 8 query rows per block the arithmetic hides under the loads.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/mask.hpp"
@@ -66,12 +68,25 @@ __device__ __forceinline__ const T* key_row(const Params& p, const void* base, s
   return static_cast<const T*>(base) + off;
 }
 
+// Shared memory of one block: the K/V ring, reused for the final merge.
+template <int D, int ROWS, int WARPS>
+struct SplitKvShape {
+  static constexpr int kTpk = D / 8;                // lanes per key row, 16 bytes each
+  static constexpr int kSlots = WARPS * 32 / kTpk;  // keys processed side by side
+  static constexpr int kUnroll = 4;                 // keys per lane per stage
+  static constexpr int kStageKeys = kSlots * kUnroll;
+  static constexpr int kStages = 4;
+  static constexpr std::size_t kRingBytes = 2ull * kStages * kStageKeys * D * 2;
+  static constexpr std::size_t kMergeBytes = (WARPS * ROWS * D + WARPS * ROWS * 2) * sizeof(float);
+  static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+};
+
 // T: element type; D: padded head dim (64, 128, 256); ROWS: query rows per block.
 template <class T, int D, int ROWS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
-  constexpr int TPK = D / 8;              // lanes per key row, 16 bytes each
-  constexpr int SLOTS = WARPS * 32 / TPK;  // keys processed side by side in the block
-  constexpr int UNROLL = ROWS <= 2 ? 8 : 4;  // keys in flight per lane
+  using Shape = SplitKvShape<D, ROWS, WARPS>;
+  constexpr int TPK = Shape::kTpk, SLOTS = Shape::kSlots, UNROLL = Shape::kUnroll;
+  constexpr int KS = Shape::kStageKeys, STAGES = Shape::kStages;
   const float kNegInf = -CUDART_INF_F;
 
   // Grid: x = (batch, row chunk), y = KV head, z = split.
@@ -81,16 +96,17 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   const int b = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
   const int g = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int sub = lane % TPK;                       // which 8 features this lane owns
-  const int slot = threadIdx.x / TPK;               // which key this lane works on
+  const int sub = lane % TPK;          // which 8 features this lane owns
+  const int slot = threadIdx.x / TPK;  // which key of each group of SLOTS this lane works on
   const int c0 = sub * 8;
 
   const int sk = seq_keys(p, b);
   const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
-  int kbeg = split * p.keys_per_split, kend = min(sk, kbeg + p.keys_per_split);
+  const int kbeg = split * p.keys_per_split;
+  const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));  // empty past the sequence
 
   // This block's query rows: row r -> query index i = r / group, head h = g * group + r % group.
-  int row_i[ROWS], row_h[ROWS];
+  int row_i[ROWS];
   float q[ROWS][8], acc[ROWS][8], m[ROWS], l[ROWS];
   ScoreMod mod[ROWS];
   int lo = kend, hi = kbeg;  // keys any row of the block sees, within this split
@@ -98,11 +114,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   for (int r = 0; r < ROWS; ++r) {
     const int rr = min(chunk * ROWS + r, rows_total - 1);
     row_i[r] = rr / group;
-    row_h[r] = g * group + rr % group;
-    float slope = 0.f;
-    if (p.alibi) slope = p.alibi[b * p.alibi_b + row_h[r] * p.alibi_h];
+    const int h = g * group + rr % group;
+    const float slope = p.alibi ? p.alibi[b * p.alibi_b + h * p.alibi_h] : 0.f;
+    // Scores in log2 units: the ScoreMod carries log2(e) in its scale, cap and slope.
     mod[r] = ScoreMod{p.scale * kLog2e, p.softcap * kLog2e, slope * kLog2e};
-    const T* qp = static_cast<const T*>(p.q) + b * p.q_b + row_i[r] * p.q_i + row_h[r] * p.q_h;
+    const T* qp = static_cast<const T*>(p.q) + b * p.q_b + row_i[r] * p.q_i + h * p.q_h;
     unpack8<T>(load16(qp + c0, c0 < p.hdim_qk), q[r]);
     m[r] = kNegInf;
     l[r] = 0.f;
@@ -111,25 +127,40 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
     lo = min(lo, max(kbeg, mask.key_begin(row_i[r])));
     hi = max(hi, min(kend, mask.key_end(row_i[r])));
   }
+  hi = max(hi, lo);
 
-  // Main loop: each slot takes keys lo + slot, lo + slot + SLOTS, ...; UNROLL of them at a time,
-  // all loads issued before the first use and kept raw (4 registers a row) until needed.
-  for (int j0 = lo; j0 < hi; j0 += SLOTS * UNROLL) {
-    uint4 kr[UNROLL], vr[UNROLL];
+  // Each lane copies, and later reads back, only its own 16-byte pieces: the ring needs no barrier.
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* ring_k = reinterpret_cast<T*>(smem_raw);
+  T* ring_v = ring_k + STAGES * KS * D;
+  auto slot_at = [&](int stage, int u) { return (stage * KS + u * SLOTS + slot) * D + c0; };
+  const int iters = (hi - lo + KS - 1) / KS;
+  auto issue = [&](int it) {
+    if (it < iters) {
+      const int stage = it % STAGES;
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int j = j0 + u * SLOTS + slot;
-      const bool in = j < hi;
-      const int jj = in ? j : lo;
-      kr[u] = load16(key_row<T>(p, p.k, p.k_b, p.k_s, p.k_h, b, g, jj) + c0, in && c0 < p.hdim_qk);
-      vr[u] = load16(key_row<T>(p, p.v, p.v_b, p.v_s, p.v_h, b, g, jj) + c0, in && c0 < p.hdim_v);
+      for (int u = 0; u < UNROLL; ++u) {
+        const int j = lo + it * KS + u * SLOTS + slot;
+        const bool in = j < hi;
+        const int jj = in ? j : lo;
+        cp_async16(ring_k + slot_at(stage, u), key_row<T>(p, p.k, p.k_b, p.k_s, p.k_h, b, g, jj) + c0, in && c0 < p.hdim_qk);
+        cp_async16(ring_v + slot_at(stage, u), key_row<T>(p, p.v, p.v_b, p.v_s, p.v_h, b, g, jj) + c0, in && c0 < p.hdim_v);
+      }
     }
-    // Scores in log2 units: the ScoreMod carries log2(e) in its scale, cap and slope.
+    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  };
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) issue(it);
+
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<STAGES - 2>();  // stage it has landed
+    issue(it + STAGES - 1);       // refills the stage computed in the previous iteration
+    const int stage = it % STAGES, j0 = lo + it * KS;
     float s[ROWS][UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       float kf[8];
-      unpack8<T>(kr[u], kf);
+      unpack8<T>(*reinterpret_cast<const uint4*>(ring_k + slot_at(stage, u)), kf);
       const int j = j0 + u * SLOTS + slot;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
@@ -162,13 +193,15 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       float vf[8];
-      unpack8<T>(vr[u], vf);
+      unpack8<T>(*reinterpret_cast<const uint4*>(ring_v + slot_at(stage, u)), vf);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(s[r][u], vf[c], acc[r][c]);
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the merge scratch
 
   // Merge the slots of a warp (lanes TPK apart), then the warps through shared memory.
 #pragma unroll
@@ -185,9 +218,8 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
       m[r] = mn;
     }
   }
-  extern __shared__ float smem[];
-  float* s_acc = smem;                       // [WARPS][ROWS][D]
-  float* s_ml = smem + WARPS * ROWS * D;     // [WARPS][ROWS][2]
+  float* s_acc = reinterpret_cast<float*>(smem_raw);  // [WARPS][ROWS][D]
+  float* s_ml = s_acc + WARPS * ROWS * D;              // [WARPS][ROWS][2]
   if (lane < TPK) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {

@@ -32,6 +32,17 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&dst)[8]) {
   }
 }
 
+// 16 bytes global -> shared without passing through registers; zeros when pred is false.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 template <class T>
 __device__ __forceinline__ T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) {
