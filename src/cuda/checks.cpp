@@ -72,4 +72,27 @@ std::string check_forward(const Problem& p, const ForwardArgs& a) {
   return {};
 }
 
+std::string check_decode(const Problem& p, const DecodeArgs& a) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend decodes f16 and bf16";
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"page_table", &a.page_table},
+      {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new}, {"rotary_cos", &a.rotary_cos},
+      {"rotary_sin", &a.rotary_sin}, {"out", &a.out}, {"lse", &a.lse}, {"alibi_slopes", &a.alibi_slopes}};
+  for (const auto& [name, t] : all)
+    if (auto m = where_is(name, *t); !m.empty()) return m;
+  // The kernels read q and the caches 16 bytes at a time; the rest element by element.
+  for (const auto& [name, t] : {std::pair{"q", &a.q}, std::pair{"k_cache", &a.k_cache}, std::pair{"v_cache", &a.v_cache}})
+    if (auto m = vector_aligned(name, *t); !m.empty()) return m;
+  return {};
+}
+
+std::string check_combine(const Problem&, const CombineArgs& a) {
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}, {"out", &a.out}, {"lse", &a.lse}};
+  for (const auto& [name, t] : all)
+    if (auto m = where_is(name, *t); !m.empty()) return m;
+  return {};
+}
+
 }  // namespace tileattn::cuda
