@@ -8,6 +8,7 @@
 #include "tileattn/error.hpp"
 #include "cuda/decode/append_kernel.cuh"
 #include "cuda/decode/combine_kernel.cuh"
+#include "cuda/decode/gqa_mma_kernel.cuh"
 #include "cuda/decode/split_kv_kernel.cuh"
 #include "cuda/runtime.hpp"
 
@@ -18,60 +19,72 @@ using decoding::AppendParams;
 using decoding::CombineParams;
 using decoding::Params;
 
-constexpr int kWarps = 4;
 constexpr int kMinKeysPerSplit = 256;
-
-int rows_per_block(const Problem& p) {
-  const int rows = p.seqlen_q * p.group();
-  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
-}
 
 int padded_dim(const Problem& p) {
   const int d = std::max(p.hdim_qk, p.hdim_v);
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
-// The split-KV kernel for a problem's dtype, padded head dim and rows per block, as a function
-// pointer with its shared memory, so the host can ask for its occupancy and launch it.
+// A decode kernel as the host sees it: the function, its block size and shared memory, and how
+// many query rows of a (sequence, KV head) one block carries.
 struct Kernel {
   void (*fn)(Params);
+  int threads;
   std::size_t smem;
+  int rows;
 };
 
+Kernel configure(Kernel k) {
+  check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)),
+        "cudaFuncSetAttribute (decode shared memory)");
+  return k;
+}
+
+// CUDA cores, all rows in every lane: one or two rows per KV head, or head dims past 128.
 template <class T, int D, int ROWS>
-Kernel kernel_for() {
-  using Shape = decoding::SplitKvShape<D, ROWS, kWarps>;
-  static const Kernel k = [] {
-    Kernel kk{&decoding::split_kv_kernel<T, D, ROWS, kWarps>, Shape::kSmemBytes};
-    check(cudaFuncSetAttribute(kk.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kk.smem)),
-          "cudaFuncSetAttribute (decode shared memory)");
-    return kk;
-  }();
+Kernel split_kv() {
+  constexpr int kWarps = 4;
+  static const Kernel k = configure({&decoding::split_kv_kernel<T, D, ROWS, kWarps>, kWarps * 32,
+                                     decoding::SplitKvShape<D, ROWS, kWarps>::kSmemBytes, ROWS});
+  return k;
+}
+
+// Tensor cores for groups of four or more query rows per KV head.
+template <class T, int D>
+Kernel gqa_mma() {
+  constexpr int kWarps = 8;
+  using Shape = decoding::GqaMmaShape<D, kWarps>;
+  static const Kernel k = configure({&decoding::gqa_mma_kernel<T, D, kWarps>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
   return k;
 }
 
 template <class T, int D>
-Kernel kernel_rows(int rows) {
+Kernel pick(int rows) {
+  if constexpr (D <= 128) {
+    if (rows >= 4) return gqa_mma<T, D>();
+  }
   switch (rows) {
-    case 1: return kernel_for<T, D, 1>();
-    case 2: return kernel_for<T, D, 2>();
-    case 4: return kernel_for<T, D, 4>();
-    default: return kernel_for<T, D, 8>();
+    case 1: return split_kv<T, D, 1>();
+    case 2: return split_kv<T, D, 2>();
+    case 3:
+    case 4: return split_kv<T, D, 4>();
+    default: return split_kv<T, D, 8>();
   }
 }
 
 template <class T>
-Kernel kernel_dim(int d, int rows) {
+Kernel pick_dim(int d, int rows) {
   switch (d) {
-    case 64: return kernel_rows<T, 64>(rows);
-    case 128: return kernel_rows<T, 128>(rows);
-    default: return kernel_rows<T, 256>(rows);
+    case 64: return pick<T, 64>(rows);
+    case 128: return pick<T, 128>(rows);
+    default: return pick<T, 256>(rows);
   }
 }
 
 Kernel select_kernel(const Problem& p) {
-  return p.dtype == DType::f16 ? kernel_dim<__half>(padded_dim(p), rows_per_block(p))
-                               : kernel_dim<__nv_bfloat16>(padded_dim(p), rows_per_block(p));
+  const int rows = p.seqlen_q * p.group();
+  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows) : pick_dim<__nv_bfloat16>(padded_dim(p), rows);
 }
 
 // Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy
@@ -80,11 +93,11 @@ Kernel select_kernel(const Problem& p) {
 // (batch, KV head, row chunk) grid already fills the GPU.
 int choose_splits(const Problem& p, const Options& o) {
   if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.seqlen_k));
-  const int rows = p.seqlen_q * p.group(), rpb = rows_per_block(p);
-  const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + rpb - 1) / rpb);
   const Kernel k = select_kernel(p);
+  const int rows = p.seqlen_q * p.group();
+  const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + k.rows - 1) / k.rows);
   int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kWarps * 32, k.smem), "decode occupancy");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.threads, k.smem), "decode occupancy");
   const long wave = static_cast<long>(std::max(per_sm, 1)) * device_sm_count();
   if (base == 0 || base >= wave) return 1;
   const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
@@ -185,12 +198,11 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
 
-  const int rows = rows_per_block(p);
-  const int chunks = (p.seqlen_q * p.group() + rows - 1) / rows;
+  const Kernel k = select_kernel(p);
+  const int chunks = (p.seqlen_q * p.group() + k.rows - 1) / k.rows;
   const dim3 grid(p.batch * chunks, p.heads_kv, w.splits);
   if (grid.x == 0) return;
-  const Kernel k = select_kernel(p);
-  k.fn<<<grid, kWarps * 32, k.smem, s>>>(prm);
+  k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv");
 
   if (w.splits > 1) {

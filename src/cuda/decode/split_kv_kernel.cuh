@@ -15,58 +15,10 @@
 
 #include "common/mask.hpp"
 #include "common/score_mod.hpp"
+#include "cuda/decode/common.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
-
-// Everything a block needs; plain data passed by value.
-struct Params {
-  const void* q;  // [batch, seqlen_q, heads_q, hdim_qk] (possibly rotated copy)
-  std::int64_t q_b, q_i, q_h;
-  const void* k;  // cache: contiguous [batch, capacity, heads_kv, d] or paged [pages, page_size, ...]
-  const void* v;
-  std::int64_t k_b, k_s, k_h, v_b, v_s, v_h;
-  const int* page_table;  // null: contiguous
-  std::int64_t pt_b, pt_p;
-  int page_size, num_pages;
-  const int* cache_seqlens;  // null: every sequence holds `capacity` keys
-  int capacity, seqlen_new;
-  void* out;  // final output when splits == 1: [batch, seqlen_q, heads_q, hdim_v]
-  std::int64_t o_b, o_i, o_h;
-  float* lse;  // optional final lse [batch, heads_q, seqlen_q]
-  std::int64_t l_b, l_h, l_i;
-  float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
-  float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
-  const float* alibi;
-  std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
-  int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
-  int splits, keys_per_split;
-  float scale, softcap;
-  int window_left, window_right;
-  bool bottom_right;
-};
-
-// Keys of sequence b, from untrusted device metadata: clamped so no read leaves the cache.
-__device__ __forceinline__ int seq_keys(const Params& p, int b) {
-  if (!p.cache_seqlens) return p.capacity;
-  int n = p.cache_seqlens[b];
-  n = n < 0 ? 0 : (n > p.capacity - p.seqlen_new ? p.capacity - p.seqlen_new : n);
-  return n + p.seqlen_new;
-}
-
-template <class T>
-__device__ __forceinline__ const T* key_row(const Params& p, const void* base, std::int64_t sb,
-                                            std::int64_t ss, std::int64_t sh, int b, int g, int j) {
-  std::int64_t off;
-  if (p.page_table) {
-    int page = p.page_table[b * p.pt_b + (j / p.page_size) * p.pt_p];
-    page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-    off = page * sb + (j % p.page_size) * ss + g * sh;
-  } else {
-    off = b * sb + j * ss + g * sh;
-  }
-  return static_cast<const T*>(base) + off;
-}
 
 // Shared memory of one block: the K/V ring, reused for the final merge.
 template <int D, int ROWS, int WARPS>
@@ -135,20 +87,32 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   T* ring_v = ring_k + STAGES * KS * D;
   auto slot_at = [&](int stage, int u) { return (stage * KS + u * SLOTS + slot) * D + c0; };
   const int iters = (hi - lo + KS - 1) / KS;
+  // Key locations for the next stage to issue, looked up one issue ahead so that a page-table
+  // read is never on the path between deciding to copy a key and copying it.
+  KeyLoc next[UNROLL];
+  auto lookup = [&](int it) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int j = lo + it * KS + u * SLOTS + slot;
+      next[u] = locate(p, b, j < hi ? j : lo);
+    }
+  };
   auto issue = [&](int it) {
     if (it < iters) {
       const int stage = it % STAGES;
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        const int j = lo + it * KS + u * SLOTS + slot;
-        const bool in = j < hi;
-        const int jj = in ? j : lo;
-        cp_async16(ring_k + slot_at(stage, u), key_row<T>(p, p.k, p.k_b, p.k_s, p.k_h, b, g, jj) + c0, in && c0 < p.hdim_qk);
-        cp_async16(ring_v + slot_at(stage, u), key_row<T>(p, p.v, p.v_b, p.v_s, p.v_h, b, g, jj) + c0, in && c0 < p.hdim_v);
+        const bool in = lo + it * KS + u * SLOTS + slot < hi;
+        const T* kp = static_cast<const T*>(p.k) + next[u].page * p.k_b + next[u].row * p.k_s + g * p.k_h + c0;
+        const T* vp = static_cast<const T*>(p.v) + next[u].page * p.v_b + next[u].row * p.v_s + g * p.v_h + c0;
+        cp_async16(ring_k + slot_at(stage, u), kp, in && c0 < p.hdim_qk);
+        cp_async16(ring_v + slot_at(stage, u), vp, in && c0 < p.hdim_v);
       }
+      if (it + 1 < iters) lookup(it + 1);
     }
     cp_async_commit();  // an empty group past the end keeps the wait count uniform
   };
+  if (iters > 0) lookup(0);
 #pragma unroll
   for (int it = 0; it < STAGES - 1; ++it) issue(it);
 
@@ -233,38 +197,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   }
   __syncthreads();
 
-  // Final merge: thread t handles feature column t % D of row t / D (looping as needed).
-  const std::int64_t bh_rows = static_cast<std::int64_t>(p.batch) * p.seqlen_q * p.heads_q;
-  for (int e = threadIdx.x; e < ROWS * D; e += WARPS * 32) {
-    const int r = e / D, c = e % D;
-    if (chunk * ROWS + r >= rows_total || c >= p.hdim_v) continue;
-    float mm = kNegInf;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, s_ml[(w * ROWS + r) * 2]);
-    float ll = 0.f, o = 0.f;
-    if (mm != kNegInf) {
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) {
-        const float a = exp2f(s_ml[(w * ROWS + r) * 2] - mm);
-        ll += a * s_ml[(w * ROWS + r) * 2 + 1];
-        o += a * s_acc[(w * ROWS + r) * D + c];
-      }
-    }
-    const float out = ll > 0.f ? o / ll : 0.f;
-    // Natural-log LSE: m and l are in log2 units.
-    const float lse = ll > 0.f ? (mm + log2f(ll)) / kLog2e : kNegInf;
-    const int i = (chunk * ROWS + r) / group, h = g * group + (chunk * ROWS + r) % group;
-    if (p.splits == 1) {
-      T* op = static_cast<T*>(p.out) + b * p.o_b + i * p.o_i + h * p.o_h;
-      op[c] = from_float<T>(out);
-      if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = lse;
-    } else {
-      const std::int64_t row = (static_cast<std::int64_t>(b) * p.seqlen_q + i) * p.heads_q + h;
-      p.out_partial[(split * bh_rows + row) * p.hdim_v + c] = out;
-      if (c == 0)
-        p.lse_partial[split * bh_rows + (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + i] = lse;
-    }
-  }
+  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
 }
 
 }  // namespace tileattn::cuda::decoding

@@ -1,0 +1,256 @@
+// Flash-decoding for query groups (GQA heads x query rows >= 4): the group's rows form one 16-row
+// tile and both products run on tensor cores (mma.sync m16n8k16), so the per-key arithmetic that
+// a CUDA-core kernel repeats for every row shrinks to a few instructions per warp. Each warp takes
+// every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
+// (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "common/score_mod.hpp"
+#include "cuda/decode/common.cuh"
+#include "cuda/decode/vec.cuh"
+
+namespace tileattn::cuda::decoding {
+
+template <int D, int WARPS>
+struct GqaMmaShape {
+  static constexpr int kRows = 16;   // query rows of a block: one mma tile
+  static constexpr int kKeys = 16;   // keys per warp step
+  static constexpr int kStages = 3;
+  static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
+  static constexpr std::size_t kRingBytes = WARPS * kStages * kStageBytes;
+  static constexpr std::size_t kMergeBytes = (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float);
+  static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+};
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(const void* smem, unsigned (&r)[4]) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  }
+}
+
+// Element offset of 16-byte chunk c of key row n in a [16][D] tile, XOR-swizzled over 8 rows.
+template <int D>
+__device__ __forceinline__ int swz(int n, int c) {
+  return n * D + ((c ^ (n & 7)) << 3);
+}
+
+template <class T, int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
+  using Shape = GqaMmaShape<D, WARPS>;
+  constexpr int ROWS = Shape::kRows, KEYS = Shape::kKeys, STAGES = Shape::kStages;
+  constexpr int CH = D / 8;                   // 16-byte chunks per key row
+  constexpr int LOADS = KEYS * CH / 32;       // chunks each lane copies per tile (K and V each)
+  const float kNegInf = -CUDART_INF_F;
+
+  const int group = p.heads_q / p.heads_kv;
+  const int rows_total = p.seqlen_q * group;
+  const int chunks = (rows_total + ROWS - 1) / ROWS;
+  const int b = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  const int g = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int gi = lane / 4, ti = lane % 4;  // mma fragment coordinates
+
+  const int sk = seq_keys(p, b);
+  const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
+  const int kbeg = split * p.keys_per_split;
+  const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));
+
+  // This thread's two fragment rows, gi and gi + 8 of the block's 16.
+  int row_i[2];
+  ScoreMod mod[2];
+  int lo = kend, hi = kbeg;
+  unsigned qa[D / 16][4];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = chunk * ROWS + gi + 8 * hr;
+    const int rr = min(r, rows_total - 1);
+    row_i[hr] = rr / group;
+    const int h = g * group + rr % group;
+    const float slope = p.alibi ? p.alibi[b * p.alibi_b + h * p.alibi_h] : 0.f;
+    mod[hr] = ScoreMod{p.scale * kLog2e, p.softcap * kLog2e, slope * kLog2e};
+    lo = min(lo, max(kbeg, mask.key_begin(row_i[hr])));
+    hi = max(hi, min(kend, mask.key_end(row_i[hr])));
+    const T* qp = static_cast<const T*>(p.q) + b * p.q_b + row_i[hr] * p.q_i + h * p.q_h;
+    // A fragment: regs 0/1 hold rows gi/gi+8 at columns 2ti, 2ti+1; regs 2/3 the same 8 columns on.
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int col = ks * 16 + half * 8 + 2 * ti;
+        qa[ks][hr + 2 * half] = (r < rows_total && col < p.hdim_qk) ? *reinterpret_cast<const unsigned*>(qp + col) : 0u;
+      }
+  }
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+  }
+  hi = max(hi, lo);
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* ring = reinterpret_cast<T*>(smem_raw) + warp * STAGES * 2 * KEYS * D;
+  const int blocks = (hi - lo + KEYS - 1) / KEYS;
+  const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
+  auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
+
+  KeyLoc next[LOADS];
+  auto lookup = [&](int it) {
+#pragma unroll
+    for (int t = 0; t < LOADS; ++t) {
+      const int j = key0(it) + (lane + 32 * t) / CH;
+      next[t] = locate(p, b, j < hi ? j : lo);
+    }
+  };
+  auto issue = [&](int it) {
+    if (it < iters) {
+      T* tile = ring + (it % STAGES) * 2 * KEYS * D;
+#pragma unroll
+      for (int t = 0; t < LOADS; ++t) {
+        const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
+        const bool in = key0(it) + n < hi;
+        const T* kp = static_cast<const T*>(p.k) + next[t].page * p.k_b + next[t].row * p.k_s + g * p.k_h + c * 8;
+        const T* vp = static_cast<const T*>(p.v) + next[t].page * p.v_b + next[t].row * p.v_s + g * p.v_h + c * 8;
+        cp_async16(tile + swz<D>(n, c), kp, in && c * 8 < p.hdim_qk);
+        cp_async16(tile + KEYS * D + swz<D>(n, c), vp, in && c * 8 < p.hdim_v);
+      }
+      if (it + 1 < iters) lookup(it + 1);
+    }
+    cp_async_commit();
+  };
+  if (iters > 0) lookup(0);
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) issue(it);
+
+  float o[D / 8][4] = {};
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();              // every lane's chunks of this tile have landed
+    issue(it + STAGES - 1);    // into the tile all lanes finished reading last iteration
+    const T* kt = ring + (it % STAGES) * 2 * KEYS * D;
+    const T* vt = kt + KEYS * D;
+
+    // S = Q K^T for 16 keys: two n8 tiles. ldmatrix x4: matrices (keys 0-7 | 8-15) x (cols lo | hi).
+    float sc[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      unsigned kb[4];
+      ldmatrix_x4<false>(kt + swz<D>((lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2), kb);
+      mma16816<T>(sc[0], qa[ks], kb[0], kb[1]);
+      mma16816<T>(sc[1], qa[ks], kb[2], kb[3]);
+    }
+
+    // Scores, mask and the online softmax; fragment (nt, e): row gi + 8 (e / 2), key nt*8 + 2ti + e%2.
+    const int j0 = key0(it);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + 2 * ti + e;
+          float& x = sc[nt][2 * hr + e];
+          x = (j < hi && mask.visible(row_i[hr], j)) ? mod[hr](x, row_i[hr], j, mask.diag_offset) : kNegInf;
+          mx = fmaxf(mx, x);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[hr], mx);
+      const float base = mnew == kNegInf ? 0.f : mnew;
+      const float alpha = exp2f(m[hr] - base);
+      m[hr] = mnew;
+      l[hr] *= alpha;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        o[nd][2 * hr] *= alpha;
+        o[nd][2 * hr + 1] *= alpha;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[nt][2 * hr + e];
+          x = exp2f(x - base);
+          l[hr] += x;
+        }
+    }
+
+    // O += P V: P's accumulator fragments are exactly the A fragment of a k16 step over the keys.
+    const unsigned pa[4] = {pack2<T>(sc[0][0], sc[0][1]), pack2<T>(sc[0][2], sc[0][3]),
+                            pack2<T>(sc[1][0], sc[1][1]), pack2<T>(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd += 2) {
+      unsigned vb[4];  // transposed: matrices (keys 0-7 | 8-15) x (cols nd | nd + 1)
+      ldmatrix_x4<true>(vt + swz<D>(lane % 8 + ((lane / 8) % 2) * 8, nd + lane / 16), vb);
+      mma16816<T>(o[nd], pa, vb[0], vb[1]);
+      mma16816<T>(o[nd + 1], pa, vb[2], vb[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings become the merge scratch
+
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+  }
+  float* s_acc = reinterpret_cast<float*>(smem_raw);  // [WARPS][ROWS][D]
+  float* s_ml = s_acc + WARPS * ROWS * D;              // [WARPS][ROWS][2]
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = gi + 8 * hr;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
+      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti + 1] = o[nd][2 * hr + 1];
+    }
+    if (ti == 0) {
+      s_ml[(warp * ROWS + r) * 2] = m[hr];
+      s_ml[(warp * ROWS + r) * 2 + 1] = l[hr];
+    }
+  }
+  __syncthreads();
+  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+}
+
+}  // namespace tileattn::cuda::decoding
