@@ -313,7 +313,7 @@ struct AttendShape {
 inline std::size_t attend_tile_floats(int d, int dv) {
   return static_cast<std::size_t>(d) * kBr + static_cast<std::size_t>(kBc) * d +
          static_cast<std::size_t>(kBc) * dv + static_cast<std::size_t>(kBc) * kBr +
-         static_cast<std::size_t>(dv) * kBr + 3 * kBr + dv + 16;
+         static_cast<std::size_t>(dv) * kBr + 3 * kBr + std::max(d, dv);
 }
 
 template <class T, class KRow, class VRow, class Emit>
