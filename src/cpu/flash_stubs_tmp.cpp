@@ -1,8 +1,6 @@
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
 namespace tileattn::cpu {
-void flash_backward(const Problem&, const BackwardArgs&) { throw Error("todo"); }
 void flash_decode(const Problem&, const DecodeArgs&) { throw Error("todo"); }
-std::size_t workspace_size(const Problem&, const BackwardArgs&) { return 0; }
 std::size_t workspace_size(const Problem&, const DecodeArgs&) { return 0; }
 }
