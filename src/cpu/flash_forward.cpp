@@ -40,17 +40,20 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
       const float slope = alibi_slope(p, a.alibi_slopes, b, h);
       const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
       rows.reset();
-      for (int r = 0; r < n; ++r) {
-        rows.q[r] = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es;
-        rows.set(r, mask, i0 + r, slope, bh);
-      }
+      for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
       rows.finish(n);
       const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
       const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
       const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
       const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
       AttendTile<T>(
-          sh, rows, [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
+          sh, rows,
+          [&](int r, float* dst) {
+            LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
+                                               elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
+                    dst, p.hdim_qk);
+          },
+          [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
           [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, 0, s.sk, tiles,
           [&](int r, const float* o, float lse) {
             const std::int64_t row = s.q0 + i0 + r;

@@ -194,7 +194,6 @@ HWY_INLINE void LoadTile(RowFn row, int j0, int n, int width, int ld, float* til
 // range, so every key is masked for them.
 struct TileRows {
   int n = 0;                      // valid rows
-  const void* q[kBr];             // row pointers (input dtype)
   float kb[kBr], ke[kBr];         // visible keys [kb, ke) as floats (exact below 2^24)
   float pos[kBr];                 // i + diag_offset: the ALiBi distance origin
   float slope2[kBr];              // ALiBi slope in log2 units
@@ -296,7 +295,7 @@ HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, in
 
 // ---------------------------------------------------------------------------------------------
 // Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
-// [lo, hi)): S = Q K^T and O += P V per key tile, fully masked tiles skipped, only tiles that cut a
+// [lo, hi)); qrow(r, dst) writes query row r as fp32. S = Q K^T and O += P V per key tile, fully masked tiles skipped, only tiles that cut a
 // row's key range masked per element. Per valid row r it calls emit(r, o, lse) with o the
 // normalized output row (fp32, dv values) and lse in natural log; rows with no visible key get
 // o = 0 and lse = -inf.
@@ -316,9 +315,9 @@ inline std::size_t attend_tile_floats(int d, int dv) {
          static_cast<std::size_t>(dv) * kBr + 3 * kBr + std::max(d, dv);
 }
 
-template <class T, class KRow, class VRow, class Emit>
-HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, KRow krow, VRow vrow, int lo, int hi,
-                           float* tiles, Emit emit) {
+template <class T, class QRow, class KRow, class VRow, class Emit>
+HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow, int lo,
+                           int hi, float* tiles, Emit emit) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const int D = sh.d, DV = sh.dv;
@@ -335,7 +334,7 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, KRow kro
   // Q^T, padding rows zero.
   for (int r = 0; r < kBr; ++r) {
     if (r < rows.n) {
-      LoadRow(static_cast<const T*>(rows.q[r]), row, D);
+      qrow(r, row);
       for (int c = 0; c < D; ++c) QT[c * kBr + r] = row[c];
     } else {
       for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
