@@ -95,7 +95,10 @@ struct DecodeTensors {
       v_new.fill_normal(rng);
     }
     if (c.rotary_dim > 0) {
-      const int positions = c.page_size > 0 ? static_cast<int>(page_table.shape()[1]) * c.page_size : c.capacity;
+      // Query rows rotate at cache_seqlens[b] + i, which may pass the capacity when there are more
+      // query rows than appended ones.
+      const int positions =
+          (c.page_size > 0 ? static_cast<int>(page_table.shape()[1]) * c.page_size : c.capacity) + c.seqlen_q;
       cos = HostTensor(t, {positions, c.rotary_dim / 2});
       sin = HostTensor(t, {positions, c.rotary_dim / 2});
       for (int pos = 0; pos < positions; ++pos)
