@@ -48,6 +48,13 @@ struct DecodeArgs {
   TensorView cache_seqlens;      // optional int32 [batch]; default: the full capacity (contiguous only)
   TensorView k_new, v_new;       // optional [batch, seqlen_new, heads_kv, d]: written into the cache at
                                  // positions cache_seqlens[b].. before attending
+  // Optional rotary embedding, [rotary_positions, rotary_dim / 2] in q's dtype (rotary_dim even,
+  // <= hdim_qk): applied to the first rotary_dim features of k_new before it is written and of q
+  // (q itself is not modified). Row n of k_new sits at position cache_seqlens[b] + n; query row i at
+  // cache_seqlens[b] + i when the call is causal or windowed, else every query row at
+  // cache_seqlens[b] (flash_attn_with_kvcache's rule).
+  TensorView rotary_cos, rotary_sin;
+  bool rotary_interleaved = false;  // rotate pairs (2c, 2c+1) rather than (c, c + rotary_dim/2)
   TensorView out;                // [batch, seqlen_q, heads_q, hdim_v]
   TensorView lse;                // optional fp32 [batch, heads_q, seqlen_q]
   TensorView alibi_slopes;

@@ -13,7 +13,7 @@ struct Mask {
   int left = -1;        // window left; -1 = unbounded
   int right = -1;       // window right (causal => 0); -1 = unbounded
 
-  TA_HD Mask() = default;
+  Mask() = default;
   TA_HD Mask(int sq, int sk, bool bottom_right, int wl, int wr)
       : seqlen_q(sq), seqlen_k(sk), diag_offset(bottom_right ? sk - sq : 0), left(wl), right(wr) {}
 

@@ -41,7 +41,7 @@ struct Dropout {
   std::uint32_t threshold = 0;  // floor(p * 2^32)
   float keep_scale = 1.f;       // 1 / (1 - p)
 
-  TA_HD Dropout() = default;
+  Dropout() = default;
   TA_HD Dropout(float p, std::uint64_t seed, std::uint64_t offset)
       : k0(static_cast<std::uint32_t>(seed)),
         k1(static_cast<std::uint32_t>(seed >> 32) + static_cast<std::uint32_t>(offset >> 32)),

@@ -362,6 +362,23 @@ Problem validate(const DecodeArgs& a) {
       }
     }
   }
+  if (a.rotary_cos.present() || a.rotary_sin.present()) {
+    if (!(a.rotary_cos.present() && a.rotary_sin.present()))
+      fail(fn, "rotary_cos and rotary_sin must be given together (", a.rotary_cos.present() ? "rotary_sin" : "rotary_cos", " is absent)");
+    check_tensor(fn, "rotary_cos", a.rotary_cos, 2);
+    check_tensor(fn, "rotary_sin", a.rotary_sin, 2);
+    check_dtype(fn, "rotary_cos", a.rotary_cos, p.dtype);
+    check_dtype(fn, "rotary_sin", a.rotary_sin, p.dtype);
+    check_same_device(fn, "rotary_cos", a.rotary_cos, dev);
+    check_same_device(fn, "rotary_sin", a.rotary_sin, dev);
+    const std::int64_t positions = a.rotary_cos.shape[0], half = a.rotary_cos.shape[1];
+    check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
+    if (half < 1 || 2 * half > p.hdim_qk)
+      fail(fn, "rotary_cos.shape[1] = ", half, " gives rotary_dim = ", 2 * half, ", expected 2 <= rotary_dim <= head_dim_qk = ", p.hdim_qk);
+    if (positions < capacity)
+      fail(fn, "rotary_cos.shape[0] = ", positions, " positions cannot cover the cache capacity of ", capacity);
+    p.rotary_dim = static_cast<int>(2 * half);
+  }
   Options o = a.options;
   if (o.dropout_p != 0.f) fail(fn, "options.dropout_p = ", o.dropout_p, ", decode does not support dropout");
   check_options(fn, o, p);

@@ -242,13 +242,27 @@ void reference_decode(const Problem& p, const DecodeArgs& a, RefPrecision prec) 
   auto cache_len = [&](int b) {
     return a.cache_seqlens.present() ? static_cast<int>(load_i32(a.cache_seqlens, b)) : p.seqlen_k;
   };
+  // Rotary embedding of x [hdim_qk] at position pos, on its first rotary_dim features.
+  auto rotate = [&](std::vector<double>& x, int pos) {
+    const int half = p.rotary_dim / 2;
+    for (int c = 0; c < half; ++c) {
+      const double cs = load_f32(a.rotary_cos, pos * a.rotary_cos.stride[0] + c);
+      const double sn = load_f32(a.rotary_sin, pos * a.rotary_sin.stride[0] + c);
+      const int i0 = a.rotary_interleaved ? 2 * c : c, i1 = a.rotary_interleaved ? 2 * c + 1 : c + half;
+      const double x0 = x[i0], x1 = x[i1];
+      x[i0] = r(x0 * cs - x1 * sn);
+      x[i1] = r(x1 * cs + x0 * sn);
+    }
+  };
   // Append first (the call's contract), then attend over the grown cache.
   for (int b = 0; b < p.batch; ++b)
     for (int n = 0; n < p.seqlen_new; ++n)
       for (int g = 0; g < p.heads_kv; ++g) {
         const int pos = cache_len(b) + n;
+        std::vector<double> kn = gather(a.k_new, false, b, n, 1, g, p.hdim_qk);
+        if (p.rotary_dim) rotate(kn, pos);
         for (int c = 0; c < p.hdim_qk; ++c)
-          store_f32(a.k_cache, cache_elem(a.k_cache, b, pos, g, c), load_f32(a.k_new, elem(a.k_new, false, b, n, g, c)));
+          store_f32(a.k_cache, cache_elem(a.k_cache, b, pos, g, c), static_cast<float>(kn[c]));
         for (int c = 0; c < p.hdim_v; ++c)
           store_f32(a.v_cache, cache_elem(a.v_cache, b, pos, g, c), load_f32(a.v_new, elem(a.v_new, false, b, n, g, c)));
       }
@@ -264,6 +278,16 @@ void reference_decode(const Problem& p, const DecodeArgs& a, RefPrecision prec) 
       hd.dv = p.hdim_v;
       hd.slope = alibi_slope(p, a.alibi_slopes, b, h);
       hd.q = gather(a.q, false, b, 0, hd.sq, h, hd.d);
+      if (p.rotary_dim) {
+        // Every query row at the cache length, or at consecutive positions when the mask is
+        // causal or windowed (flash_attn_with_kvcache's rule).
+        const bool per_row = p.window_left >= 0 || p.window_right >= 0;
+        for (int i = 0; i < hd.sq; ++i) {
+          std::vector<double> row(hd.q.begin() + i * hd.d, hd.q.begin() + (i + 1) * hd.d);
+          rotate(row, cache_len(b) + (per_row ? i : 0));
+          std::copy(row.begin(), row.end(), hd.q.begin() + i * hd.d);
+        }
+      }
       hd.k.resize(static_cast<std::size_t>(hd.sk) * hd.d);
       hd.v.resize(static_cast<std::size_t>(hd.sk) * hd.dv);
       for (int j = 0; j < hd.sk; ++j) {
