@@ -1,5 +1,6 @@
 // The one place every invariant of a call is checked. Each failure throws tileattn::Error naming
 // the call, the argument and the offending values; nothing has been written to any output then.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
+#include "core/overlap.hpp"
 #include "core/problem.hpp"
 #include "tileattn/error.hpp"
 
@@ -68,9 +70,11 @@ void check_float_dtype(const char* fn, const char* name, const TensorView& t) {
     fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected f32, f16 or bf16");
 }
 
-void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev) {
+// ref_name: the tensor whose device every other argument must share.
+void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev,
+                       const char* ref_name = "q") {
   if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but q is on ",
+    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but ", ref_name, " is on ",
          device_str(dev), ":", dev.index);
 }
 
@@ -104,8 +108,11 @@ void check_options(const char* fn, const Options& o, Problem& p) {
   if (o.window_right < -1) fail(fn, "options.window_right = ", o.window_right, ", expected -1 (unbounded) or >= 0");
   if (o.causal && o.window_right > 0)
     fail(fn, "options.causal = true conflicts with options.window_right = ", o.window_right, " (causal means 0)");
-  p.window_left = o.window_left;
-  p.window_right = o.causal ? 0 : o.window_right;
+  // A window reaching past every key is unbounded; folding it to -1 keeps Mask's int arithmetic
+  // (i + diag_offset +- window) from overflowing on windows such as INT_MAX.
+  const int reach_all = std::max(p.seqlen_q, p.seqlen_k);
+  p.window_left = o.window_left >= reach_all ? -1 : o.window_left;
+  p.window_right = o.causal ? 0 : (o.window_right >= reach_all ? -1 : o.window_right);
   p.bottom_right = o.align == MaskAlign::bottom_right;
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     fail(fn, "options.softcap = ", o.softcap, ", expected a finite value >= 0 (0 = off)");
@@ -245,12 +252,41 @@ void check_like(const char* fn, const char* name, const TensorView& t, const cha
   if (!same) fail(fn, name, " has shape ", shape_str(t), " but ", ref_name, " has shape ", shape_str(ref));
 }
 
+// Outputs written by several threads must each own their memory: no output may alias itself,
+// another output, or an input it is computed from.
+struct Named {
+  const char* name;
+  const TensorView* t;
+};
+
+void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  for (const Named& o : outputs) {
+    if (!o.t->present()) continue;
+    if (view_self_overlaps(*o.t)) {
+      std::ostringstream st;
+      for (int d = 0; d < o.t->ndim; ++d) st << (d ? ", " : "") << o.t->stride[d];
+      fail(fn, o.name, " with shape ", shape_str(*o.t), " and strides [", st.str(), "] maps several elements to one address");
+    }
+  }
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (!o->t->present()) continue;
+    for (auto p = std::next(o); p != outputs.end(); ++p)
+      if (p->t->present() && views_overlap(*o->t, *p->t)) fail(fn, "outputs ", o->name, " and ", p->name, " overlap in memory");
+    for (const Named& i : inputs)
+      if (i.t->present() && views_overlap(*o->t, *i.t)) fail(fn, "output ", o->name, " overlaps input ", i.name, " in memory");
+  }
+}
+
 }  // namespace
 
 Problem validate(const ForwardArgs& a) {
   const char* fn = "forward";
-  return check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
-                   a.alibi_slopes, a.options);
+  Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
+                        a.alibi_slopes, a.options);
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+  return p;
 }
 
 Problem validate(const BackwardArgs& a) {
@@ -262,6 +298,10 @@ Problem validate(const BackwardArgs& a) {
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);
   check_like(fn, "dv", a.dv, "v", a.v);
+  check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
+                          {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
+                          {"alibi_slopes", &a.alibi_slopes}});
   return p;
 }
 
@@ -383,6 +423,10 @@ Problem validate(const DecodeArgs& a) {
   if (o.dropout_p != 0.f) fail(fn, "options.dropout_p = ", o.dropout_p, ", decode does not support dropout");
   check_options(fn, o, p);
   check_alibi(fn, a.alibi_slopes, dev, p);
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"page_table", &a.page_table},
+                          {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new},
+                          {"alibi_slopes", &a.alibi_slopes}});
   return p;
 }
 
@@ -397,8 +441,8 @@ Problem validate(const CombineArgs& a) {
   check_float_dtype(fn, "out", a.out);
   p.dtype = a.out.dtype;
   const Device dev = a.out_partial.device;
-  check_same_device(fn, "lse_partial", a.lse_partial, dev);
-  check_same_device(fn, "out", a.out, dev);
+  check_same_device(fn, "lse_partial", a.lse_partial, dev, "out_partial");
+  check_same_device(fn, "out", a.out, dev, "out_partial");
   p.backend = resolve_backend(fn, a.options, dev);
   const auto& s = a.out_partial.shape;
   if (s[0] < 1) fail(fn, "out_partial.shape[0] (splits) = ", s[0], ", expected >= 1");
@@ -410,9 +454,12 @@ Problem validate(const CombineArgs& a) {
   check_shape(fn, "out", a.out, {s[1], s[2], s[3], s[4]});
   if (a.lse.present()) {
     check_dtype(fn, "lse", a.lse, DType::f32);
-    check_same_device(fn, "lse", a.lse, dev);
+    check_same_device(fn, "lse", a.lse, dev, "out_partial");
     check_shape(fn, "lse", a.lse, {s[1], s[3], s[2]});
+    if (a.lse.numel() > 0 && a.lse.data == nullptr) fail(fn, "lse has a null data pointer");
   }
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
+                         {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});
   return p;
 }
 

@@ -1,0 +1,298 @@
+// tileattn._C: the C++ API for Python. Each function takes DLPack arrays for the views of the C++
+// argument structs, outputs preallocated by the caller, and an Options object; the pure-Python
+// package allocates outputs and builds the options.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "tileattn/tileattn.hpp"
+#include "views.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tileattn::python {
+namespace {
+
+using OptIn = std::optional<Input>;
+using OptOut = std::optional<Output>;
+
+void attach_workspace(Options& o, const OptOut& ws) {
+  if (!ws) return;
+  o.workspace = ws->data();
+  o.workspace_bytes = ws->nbytes();
+}
+
+ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,
+                         const OptOut& lse, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
+                         const OptIn& alibi, const Options& o) {
+  ForwardArgs a;
+  a.q = to_view(fn, "q", q);
+  a.k = to_view(fn, "k", k);
+  a.v = to_view(fn, "v", v);
+  a.out = to_view(fn, "out", out);
+  a.lse = to_view(fn, "lse", lse);
+  a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
+  a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
+  a.max_seqlen_q = max_q;
+  a.max_seqlen_k = max_k;
+  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
+  a.options = o;
+  return a;
+}
+
+BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Input& out,
+                           const Input& dout, const OptIn& lse, const Output& dq, const Output& dk,
+                           const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
+                           const OptIn& alibi, const Options& o) {
+  BackwardArgs a;
+  a.q = to_view(fn, "q", q);
+  a.k = to_view(fn, "k", k);
+  a.v = to_view(fn, "v", v);
+  a.out = to_view(fn, "out", out);
+  a.dout = to_view(fn, "dout", dout);
+  a.lse = to_view(fn, "lse", lse);
+  a.dq = to_view(fn, "dq", dq);
+  a.dk = to_view(fn, "dk", dk);
+  a.dv = to_view(fn, "dv", dv);
+  a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
+  a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
+  a.max_seqlen_q = max_q;
+  a.max_seqlen_k = max_k;
+  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
+  a.options = o;
+  return a;
+}
+
+DecodeArgs decode_args(const char* fn, const Input& q, const Output& k_cache, const Output& v_cache,
+                       const Output& out, const OptOut& lse, const OptIn& page_table,
+                       const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
+                       const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved,
+                       const OptIn& alibi, const Options& o) {
+  DecodeArgs a;
+  a.q = to_view(fn, "q", q);
+  a.k_cache = to_view(fn, "k_cache", k_cache);
+  a.v_cache = to_view(fn, "v_cache", v_cache);
+  a.out = to_view(fn, "out", out);
+  a.lse = to_view(fn, "lse", lse);
+  a.page_table = to_view(fn, "page_table", page_table);
+  a.cache_seqlens = to_view(fn, "cache_seqlens", cache_seqlens);
+  a.k_new = to_view(fn, "k_new", k_new);
+  a.v_new = to_view(fn, "v_new", v_new);
+  a.rotary_cos = to_view(fn, "rotary_cos", rotary_cos);
+  a.rotary_sin = to_view(fn, "rotary_sin", rotary_sin);
+  a.rotary_interleaved = rotary_interleaved;
+  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
+  a.options = o;
+  return a;
+}
+
+void bind_options(nb::module_& m) {
+  nb::enum_<Backend>(m, "Backend")
+      .value("automatic", Backend::automatic)
+      .value("cpu_flash", Backend::cpu_flash)
+      .value("cpu_reference", Backend::cpu_reference)
+      .value("cuda", Backend::cuda);
+  nb::enum_<MaskAlign>(m, "MaskAlign")
+      .value("bottom_right", MaskAlign::bottom_right)
+      .value("top_left", MaskAlign::top_left);
+
+  nb::class_<Options>(m, "Options", "tileattn::Options; see include/tileattn/options.hpp")
+      .def(
+          "__init__",
+          [](Options* o, std::optional<float> scale, bool causal, MaskAlign align, int window_left,
+             int window_right, float softcap, float dropout_p, std::uint64_t seed, std::uint64_t offset,
+             bool deterministic, Backend backend, int num_splits, std::uintptr_t stream) {
+            new (o) Options();
+            o->scale = scale;
+            o->causal = causal;
+            o->align = align;
+            o->window_left = window_left;
+            o->window_right = window_right;
+            o->softcap = softcap;
+            o->dropout_p = dropout_p;
+            o->seed = seed;
+            o->offset = offset;
+            o->deterministic = deterministic;
+            o->backend = backend;
+            o->num_splits = num_splits;
+            o->stream = reinterpret_cast<void*>(stream);
+          },
+          nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "align"_a = MaskAlign::bottom_right,
+          "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.f, "dropout_p"_a = 0.f, "seed"_a = 0,
+          "offset"_a = 0, "deterministic"_a = false, "backend"_a = Backend::automatic, "num_splits"_a = 0,
+          "stream"_a = 0)
+      .def_rw("scale", &Options::scale)
+      .def_rw("causal", &Options::causal)
+      .def_rw("align", &Options::align)
+      .def_rw("window_left", &Options::window_left)
+      .def_rw("window_right", &Options::window_right)
+      .def_rw("softcap", &Options::softcap)
+      .def_rw("dropout_p", &Options::dropout_p)
+      .def_rw("seed", &Options::seed)
+      .def_rw("offset", &Options::offset)
+      .def_rw("deterministic", &Options::deterministic)
+      .def_rw("backend", &Options::backend)
+      .def_rw("num_splits", &Options::num_splits)
+      .def_prop_rw(
+          "stream", [](const Options& o) { return reinterpret_cast<std::uintptr_t>(o.stream); },
+          [](Options& o, std::uintptr_t s) { o.stream = reinterpret_cast<void*>(s); },
+          "cudaStream_t as an integer; 0 = the default stream");
+}
+
+void bind_calls(nb::module_& m) {
+  using Release = nb::call_guard<nb::gil_scoped_release>;
+
+  m.def(
+      "forward",
+      [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
+         const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, Options o,
+         const OptOut& workspace) {
+        attach_workspace(o, workspace);
+        tileattn::forward(forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o));
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "options"_a = Options(), "workspace"_a = nb::none(), Release());
+
+  m.def(
+      "forward_workspace_size",
+      [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
+         const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const Options& o) {
+        return tileattn::workspace_size(
+            forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o));
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "options"_a = Options(), Release());
+
+  m.def(
+      "backward",
+      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
+         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
+         int max_k, const OptIn& alibi, Options o, const OptOut& workspace) {
+        attach_workspace(o, workspace);
+        tileattn::backward(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q,
+                                         max_k, alibi, o));
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "options"_a = Options(), "workspace"_a = nb::none(), Release());
+
+  m.def(
+      "backward_workspace_size",
+      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
+         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
+         int max_k, const OptIn& alibi, const Options& o) {
+        return tileattn::workspace_size(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q,
+                                                      cu_k, max_q, max_k, alibi, o));
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "options"_a = Options(), Release());
+
+  m.def(
+      "decode",
+      [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
+         const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
+         const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
+         Options o, const OptOut& workspace) {
+        attach_workspace(o, workspace);
+        tileattn::decode(decode_args("decode", q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new,
+                                     v_new, rotary_cos, rotary_sin, rotary_interleaved, alibi, o));
+      },
+      "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
+      "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
+      "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_interleaved"_a = false,
+      "alibi_slopes"_a = nb::none(), "options"_a = Options(), "workspace"_a = nb::none(), Release());
+
+  m.def(
+      "decode_workspace_size",
+      [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
+         const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
+         const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
+         const Options& o) {
+        return tileattn::workspace_size(decode_args("decode", q, k_cache, v_cache, out, lse, page_table,
+                                                    cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+                                                    rotary_interleaved, alibi, o));
+      },
+      "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
+      "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
+      "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_interleaved"_a = false,
+      "alibi_slopes"_a = nb::none(), "options"_a = Options(), Release());
+
+  m.def(
+      "combine",
+      [](const Input& out_partial, const Input& lse_partial, const Output& out, const OptOut& lse,
+         const Options& o) {
+        const char* fn = "combine";
+        CombineArgs a;
+        a.out_partial = to_view(fn, "out_partial", out_partial);
+        a.lse_partial = to_view(fn, "lse_partial", lse_partial);
+        a.out = to_view(fn, "out", out);
+        a.lse = to_view(fn, "lse", lse);
+        a.options = o;
+        tileattn::combine(a);
+      },
+      "out_partial"_a, "lse_partial"_a, "out"_a, "lse"_a = nb::none(), "options"_a = Options(), Release());
+}
+
+void bind_runtime(nb::module_& m) {
+  // NumPy exports no bfloat16 over DLPack or the buffer protocol (ml_dtypes' bfloat16 is a user
+  // dtype), so the Python layer passes such arrays as their uint16 bits, relabeled here.
+  m.def(
+      "bf16_alias",
+      [](const nb::ndarray<std::uint16_t, nb::ro>& bits) {
+        std::vector<size_t> shape(bits.ndim());
+        for (size_t d = 0; d < shape.size(); ++d) shape[d] = bits.shape(d);
+        return nb::ndarray<nb::array_api>(const_cast<std::uint16_t*>(bits.data()), shape.size(), shape.data(), nb::cast(bits),
+                             bits.stride_ptr(),
+                             nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1},
+                             bits.device_type(), bits.device_id());
+      },
+      "bits"_a, "The same memory as a bfloat16 array (bits: uint16 of any shape, strides and device).");
+
+  nb::class_<MemoryStats>(m, "MemoryStats")
+      .def_ro("current_bytes", &MemoryStats::current_bytes)
+      .def_ro("peak_bytes", &MemoryStats::peak_bytes)
+      .def("__repr__", [](const MemoryStats& s) {
+        return "MemoryStats(current_bytes=" + std::to_string(s.current_bytes) +
+               ", peak_bytes=" + std::to_string(s.peak_bytes) + ")";
+      });
+  m.def("memory_stats", &tileattn::memory_stats, "Host memory the library itself holds and its peak.");
+  m.def("reset_peak_memory", &tileattn::reset_peak_memory);
+  m.def("set_num_threads", &tileattn::set_num_threads, "n"_a, "CPU threads; 0 = hardware concurrency.");
+  m.def("num_threads", &tileattn::num_threads);
+}
+
+}  // namespace
+}  // namespace tileattn::python
+
+NB_MODULE(_C, m) {
+  using namespace tileattn::python;
+  m.attr("__version__") = TILEATTN_VERSION;
+
+  // tileattn.Error: both a ValueError (bad input, the common case) and a RuntimeError (what the
+  // C++ type derives from), so either except clause catches it.
+  PyObject* bases = PyTuple_Pack(2, PyExc_ValueError, PyExc_RuntimeError);
+  PyObject* error = PyErr_NewException("tileattn.Error", bases, nullptr);
+  Py_DECREF(bases);
+  m.attr("Error") = nb::steal(error);
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* type) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const tileattn::Error& e) {
+          PyErr_SetString(static_cast<PyObject*>(type), e.what());
+        }
+      },
+      error);
+
+  bind_options(m);
+  bind_calls(m);
+  bind_runtime(m);
+}

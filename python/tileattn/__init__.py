@@ -1,0 +1,38 @@
+"""tileattn: exact, IO-aware attention (FlashAttention) for CPUs and NVIDIA GPUs.
+
+- flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_func (and its
+  packed variants), flash_attn_with_kvcache: flash_attn's functions, for PyTorch tensors (with autograd
+  and torch.compile) and NumPy/CuPy arrays (forward).
+- scaled_dot_product_attention: torch.nn.functional's signature on [batch, heads, seq, dim] tensors.
+- forward, backward, decode, combine: the C++ entry points with allocated outputs, for NumPy, PyTorch
+  and CuPy arrays; tileattn._C has them with caller-allocated outputs for any DLPack array.
+- Error: raised for bad input with the core's message (a ValueError and a RuntimeError).
+"""
+
+import sys
+
+from . import _C
+from ._C import Backend, Error, MaskAlign, MemoryStats, Options, memory_stats, num_threads, reset_peak_memory, \
+    set_num_threads
+from ._config import use_backend
+from ._flash_api import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, \
+    flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, \
+    flash_attn_with_kvcache
+from ._functional import backward, combine, decode, forward
+from ._sdpa import scaled_dot_product_attention
+
+__version__ = _C.__version__
+
+# The custom ops must exist before torch.compile traces a first call; register them now when PyTorch is
+# already loaded, and otherwise at the first call with a tensor (importing torch here would slow every
+# NumPy user's import).
+if "torch" in sys.modules:
+    from . import _torch_ops  # noqa: F401
+
+__all__ = [
+    "Backend", "Error", "MaskAlign", "MemoryStats", "Options", "backward", "combine", "decode",
+    "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "forward",
+    "memory_stats", "num_threads", "reset_peak_memory", "scaled_dot_product_attention", "set_num_threads",
+    "use_backend",
+]

@@ -1,0 +1,121 @@
+"""PyTorch custom ops (torch.library): tileattn::fwd, tileattn::bwd, tileattn::decode.
+
+Each op runs the native module on the current CUDA stream, with its scratch from PyTorch's caching
+allocator, so decode can be captured in a CUDA graph. Fake (meta) rules give torch.compile the output
+shapes without running anything, so graphs trace with fullgraph=True. Autograd on fwd saves only q, k,
+v, out, lse and the dropout seed/offset (plus the small index inputs cu_seqlens and alibi_slopes);
+the backward recomputes the rest.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _functional
+
+
+def _lse_shape(q, varlen):
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("tileattn::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+        max_seqlen_q: int, max_seqlen_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool,
+        top_left: bool, window_left: int, window_right: int, softcap: float, dropout_p: float,
+        deterministic: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """Returns (out, lse, rng_state): rng_state int64 [seed, offset] on the CPU for the backward."""
+    # A fresh Philox key per call from PyTorch's CPU generator, so torch.manual_seed reproduces it.
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64)) if dropout_p > 0 else 0
+    out, lse = _functional.forward(
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, scale=scale, causal=causal, top_left=top_left,
+        window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed,
+        backend=backend)
+    return out, lse, torch.tensor([seed, 0], dtype=torch.int64)
+
+
+@fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal, top_left,
+      window_left, window_right, softcap, dropout_p, deterministic, backend):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return out, lse, torch.empty(2, dtype=torch.int64)
+
+
+@torch.library.custom_op("tileattn::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, rng_state: Tensor,
+        cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+        alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
+        window_right: int, softcap: float, dropout_p: float, deterministic: bool,
+        backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    seed, offset = (int(x) for x in rng_state.tolist())
+    return _functional.backward(
+        dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, scale=scale, causal=causal, top_left=top_left,
+        window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed,
+        offset=offset, deterministic=deterministic, backend=backend)
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+      scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, *params) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.lengths = (max_seqlen_q, max_seqlen_k)
+    ctx.params = params
+    ctx.mark_non_differentiable(lse, rng_state)
+
+
+def _fwd_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, *ctx.lengths, alibi_slopes,
+                     *ctx.params)
+    return (dq, dk, dv) + (None,) * 14
+
+
+torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_fwd_setup)
+
+
+@torch.library.custom_op("tileattn::decode", mutates_args=("k_cache", "v_cache"))
+def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
+              cache_seqlens: Optional[Tensor], page_table: Optional[Tensor], rotary_cos: Optional[Tensor],
+              rotary_sin: Optional[Tensor], rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
+              scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+              num_splits: int, backend: str) -> Tuple[Tensor, Tensor]:
+    """Returns (out, lse); writes k_new/v_new into the caches when given."""
+    return _functional.decode(
+        q, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens, page_table=page_table,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        alibi_slopes=alibi_slopes, scale=scale, causal=causal, window_left=window_left, window_right=window_right,
+        softcap=softcap, num_splits=num_splits, backend=backend)
+
+
+@decode_op.register_fake
+def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
+      alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, backend):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],))
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal, top_left,
+           window_left, window_right, softcap, dropout_p, deterministic, backend):
+    out, lse, _ = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), alibi_slopes,
+                      None if scale is None else float(scale), bool(causal), bool(top_left), int(window_left),
+                      int(window_right), float(softcap), float(dropout_p), bool(deterministic), backend)
+    return out, lse
+
+
+def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, backend):
+    return decode_op(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                     bool(rotary_interleaved), alibi_slopes,
+                     None if scale is None else float(scale), bool(causal), int(window_left), int(window_right),
+                     float(softcap), int(num_splits), backend)

@@ -1,0 +1,18 @@
+// Memory overlap of strided views, for validation: outputs must not alias each other, an input, or
+// themselves, or the result would depend on the order in which threads write.
+#pragma once
+
+#include "tileattn/tensor.hpp"
+
+namespace tileattn {
+
+// True if the two views may share a byte. Exact for practical layouts (each stride at least the
+// span of the smaller ones, e.g. dq/dk/dv interleaved in one packed buffer, which do not overlap);
+// a layout too tangled to decide quickly counts as overlapping.
+bool views_overlap(const TensorView& a, const TensorView& b);
+
+// True if the view maps two different elements to the same memory (a zero stride, or strides that
+// interleave in a way the simple ordering check cannot rule out).
+bool view_self_overlaps(const TensorView& t);
+
+}  // namespace tileattn
