@@ -15,7 +15,7 @@
 
 #include "core/backends.hpp"
 #include "device.hpp"
-#include "standard_attention.hpp"
+#include "standard_attention.hpp"  // StandardShape, and the baseline where OpenBLAS was found
 #include "support/host_tensor.hpp"
 #include "tileattn/tileattn.hpp"
 
@@ -28,6 +28,12 @@ using test::HostTensor;
 // (their output, LSE and dQ need only those rows); below it, everything.
 constexpr double kFullCheckMacs = 1 << 27;
 constexpr std::int64_t kCheckRows = 32;
+
+#if defined(TILEATTN_CLI_BLAS)
+constexpr bool kHaveStandard = true;
+#else
+constexpr bool kHaveStandard = false;  // built without OpenBLAS: the baseline's memory only
+#endif
 
 struct Shape {
   int batch, heads, heads_kv, seqlen_q, seqlen_k, hdim;
@@ -277,11 +283,13 @@ class Runner {
     return ref;
   }
 
-  void standard(Row& row, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                const HostTensor& dout, int repeat, const std::optional<Outputs>& oracle) {
+  // Parameters go unused where the tool was built without OpenBLAS.
+  void standard(Row& row, [[maybe_unused]] const HostTensor& q, [[maybe_unused]] const HostTensor& k,
+                [[maybe_unused]] const HostTensor& v, [[maybe_unused]] const HostTensor& dout,
+                [[maybe_unused]] int repeat, [[maybe_unused]] const std::optional<Outputs>& oracle) {
     StandardShape ss{s_.batch, s_.heads, s_.heads_kv, s_.seqlen_q, s_.seqlen_k, s_.hdim, s_.causal,
                      1.f / std::sqrt(float(s_.hdim))};
-    const std::size_t need = StandardAttention::extra_bytes(ss);
+    const std::size_t need = standard_extra_bytes(ss);
     row.std_fwd.extra_bytes = row.std_bwd.extra_bytes = need;
     if (s_.on_cuda()) {
       row.std_fwd.note = row.std_bwd.note = "cpu only";
@@ -291,6 +299,9 @@ class Runner {
       row.std_fwd.note = row.std_bwd.note = "too big";
       return;
     }
+#if !defined(TILEATTN_CLI_BLAS)
+    row.std_fwd.note = row.std_bwd.note = "no BLAS";
+#else
     StandardAttention sa(ss, num_threads());
     std::vector<float> q32 = as_f32(q), k32 = as_f32(k), v32 = as_f32(v), o(q32.size());
     auto fwd = [&] { sa.forward(q32.data(), k32.data(), v32.data(), o.data()); };
@@ -308,6 +319,7 @@ class Runner {
       if (full_) got.dk.assign(dk.begin(), dk.end()), got.dv.assign(dv.begin(), dv.end());
       row.err_std_bwd = grad_error(got, *oracle);
     }
+#endif
   }
 
   Shape s_;
@@ -370,7 +382,7 @@ void print_table(const Shape& s, const BenchConfig& c, const std::vector<Row>& r
               backend_name(s.backend), device.c_str(), dtype_name(s.dtype), s.batch, s.heads,
               s.heads_kv, s.hdim, s.causal ? "causal" : "non-causal", num_threads());
   std::printf("flash: tileattn; standard: BLAS GEMMs with S and P materialized (fp32)%s\n\n",
-              s.on_cuda() ? ", CPU only: memory shown" : "");
+              s.on_cuda() ? ", CPU only: memory shown" : !kHaveStandard ? ", not built: memory shown" : "");
   std::printf("%7s %4s | %9s %8s %10s | %9s %8s %10s | %7s | %s\n", "seqlen", "pass", "flash ms",
               "GFLOP/s", "extra mem", "std ms", "GFLOP/s", "S+P mem", "speedup", "error vs fp64");
   const double tol = tolerance(s.dtype);

@@ -38,10 +38,6 @@ std::size_t StandardAttention::plane() const {
   return static_cast<std::size_t>(s_.seqlen_q) * s_.seqlen_k;
 }
 
-std::size_t StandardAttention::extra_bytes(const StandardShape& s) {
-  return 2 * sizeof(float) * static_cast<std::size_t>(s.batch) * s.heads * s.seqlen_q * s.seqlen_k;
-}
-
 void StandardAttention::forward(const float* q, const float* k, const float* v, float* out) {
   const int H = s_.heads, Hk = s_.heads_kv, d = s_.hdim, sq = s_.seqlen_q, sk = s_.seqlen_k;
   const int group = H / Hk;

@@ -14,13 +14,15 @@ struct StandardShape {
   float scale = 1.f;
 };
 
+// The S and P buffers it holds: its extra memory, quadratic in the length. Defined here so the
+// tool can show it also where it was built without BLAS.
+inline std::size_t standard_extra_bytes(const StandardShape& s) {
+  return 2 * sizeof(float) * static_cast<std::size_t>(s.batch) * s.heads * s.seqlen_q * s.seqlen_k;
+}
+
 class StandardAttention {
  public:
   StandardAttention(const StandardShape& shape, int threads);
-
-  // The S and P buffers this implementation holds: its extra memory, quadratic in the length.
-  static std::size_t extra_bytes(const StandardShape& shape);
-  std::size_t extra_bytes() const { return extra_bytes(s_); }
 
   void forward(const float* q, const float* k, const float* v, float* out);
   // Needs the P of the last forward on the same inputs; dk, dv are overwritten.
