@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tileattn's CPU flash attention against PyTorch's CPU scaled_dot_product_attention.
 
-usage: python3 bench/cpu_vs_torch.py OUTDIR [--threads N] [--cli PATH] [--budget SECONDS]
+usage: python3 bench/cpu_vs_torch.py OUTDIR [--threads N] [--cli PATH] [--commit SHA] [--budget SECONDS]
 
 Forward and backward, fp32 and bf16, seqlen 1k to 8k, head dims 64 and 128 at model width 1024
 (heads = 1024 / hdim), batch 1; non-causal first, then causal while the time budget lasts. Both
@@ -109,6 +109,7 @@ def main():
     ap.add_argument("--seqlens", default="1024,2048,4096,8192")
     ap.add_argument("--hdims", default="64,128")
     ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--commit", default=None, help="the record's commit (default: git rev-parse HEAD)")
     ap.add_argument("--budget", type=float, default=230.0,
                     help="seconds; causal configurations run only while they fit")
     args = ap.parse_args()
@@ -134,7 +135,7 @@ def main():
                 noncausal_s.setdefault((dtype, hdim), time.perf_counter() - t0)
 
     date = datetime.date.today().isoformat()
-    record = {"device": cpu_name(), "date": date, "commit": git_commit(), "ceilings": None,
+    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": None,
               "threads": args.threads, "torch": torch.__version__, "rows": rows}
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, f"{date}-cpu-fwd-bwd.json")
