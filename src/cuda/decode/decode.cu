@@ -41,7 +41,8 @@ Kernel configure(Kernel k) {
   return k;
 }
 
-// CUDA cores, all rows in every lane: one or two rows per KV head, or head dims past 128.
+// CUDA cores, all rows in every lane: head dims past 128, whose tensor-core state would not fit
+// in registers.
 template <class T, int D, int ROWS>
 Kernel split_kv() {
   constexpr int kWarps = 4;
@@ -50,7 +51,7 @@ Kernel split_kv() {
   return k;
 }
 
-// Tensor cores for groups of four or more query rows per KV head.
+// Tensor cores: head dims up to 128, any number of query rows per KV head.
 template <class T, int D>
 Kernel gqa_mma() {
   constexpr int kWarps = 8;
@@ -62,14 +63,15 @@ Kernel gqa_mma() {
 template <class T, int D>
 Kernel pick(int rows) {
   if constexpr (D <= 128) {
-    if (rows >= 4) return gqa_mma<T, D>();
-  }
-  switch (rows) {
-    case 1: return split_kv<T, D, 1>();
-    case 2: return split_kv<T, D, 2>();
-    case 3:
-    case 4: return split_kv<T, D, 4>();
-    default: return split_kv<T, D, 8>();
+    return gqa_mma<T, D>();
+  } else {
+    switch (rows) {
+      case 1: return split_kv<T, D, 1>();
+      case 2: return split_kv<T, D, 2>();
+      case 3:
+      case 4: return split_kv<T, D, 4>();
+      default: return split_kv<T, D, 8>();
+    }
   }
 }
 

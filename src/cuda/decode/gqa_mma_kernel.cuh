@@ -1,6 +1,7 @@
-// Flash-decoding for query groups (GQA heads x query rows >= 4): the group's rows form one 16-row
-// tile and both products run on tensor cores (mma.sync m16n8k16), so the per-key arithmetic that
-// a CUDA-core kernel repeats for every row shrinks to a few instructions per warp. Each warp takes
+// Flash-decoding on tensor cores: the query rows of a KV head (GQA heads x query rows, up to 16)
+// form one 16-row tile and both products run as mma.sync m16n8k16, so the per-key arithmetic that
+// a CUDA-core kernel repeats for every row shrinks to a few instructions per warp; padding rows
+// cost nothing that matters next to the cache reads. Each warp takes
 // every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
 // (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end.
 #pragma once
@@ -132,12 +133,15 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
   auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
 
+  // Lane n < 16 locates key n of a tile once; the lanes copying that key's chunks take it by shuffle.
   KeyLoc next[LOADS];
   auto lookup = [&](int it) {
+    const int j = key0(it) + lane % KEYS;
+    const KeyLoc mine = locate(p, b, j < hi ? j : lo);
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
-      const int j = key0(it) + (lane + 32 * t) / CH;
-      next[t] = locate(p, b, j < hi ? j : lo);
+      const int n = (lane + 32 * t) / CH;
+      next[t] = {__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
     }
   };
   auto issue = [&](int it) {

@@ -1,4 +1,5 @@
-// Flash-decoding: one thread block per (KV split, KV head, batch, query-row chunk). Decoding is
+// Flash-decoding on CUDA cores, for head dims past 128 (gqa_mma_kernel.cuh serves the rest): one
+// thread block per (KV split, KV head, batch, query-row chunk). Decoding is
 // memory-bound, so the kernel is built around reading each K/V byte once and keeping many bytes in
 // flight: every query row of a GQA group rides along in registers (the group shares one pass over
 // the cache), a key row is spread over D/8 lanes that each copy 16 bytes, and each lane streams its
