@@ -33,11 +33,15 @@ struct Kernel {
   int threads;
   std::size_t smem;
   int rows;
+  int per_sm = 0;  // resident blocks per SM
 };
 
+// Once per kernel and process: its shared-memory limit and occupancy.
 Kernel configure(Kernel k) {
   check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)),
         "cudaFuncSetAttribute (decode shared memory)");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.fn, k.threads, k.smem), "decode occupancy");
+  k.per_sm = std::max(k.per_sm, 1);
   return k;
 }
 
@@ -98,9 +102,7 @@ int choose_splits(const Problem& p, const Options& o) {
   const Kernel k = select_kernel(p);
   const int rows = p.seqlen_q * p.group();
   const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + k.rows - 1) / k.rows);
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.threads, k.smem), "decode occupancy");
-  const long wave = static_cast<long>(std::max(per_sm, 1)) * device_sm_count();
+  const long wave = static_cast<long>(k.per_sm) * device_sm_count();
   if (base == 0 || base >= wave) return 1;
   const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
   return static_cast<int>(std::max<long>(1, std::min<long>(max_splits, wave / base)));
