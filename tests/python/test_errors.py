@@ -145,7 +145,7 @@ CASES = [
     (lambda: dec(rotary_cos=t(8, 9), rotary_sin=t(8, 9)),
      D + "rotary_cos.shape[1] = 9 gives rotary_dim = 18, expected 2 <= rotary_dim <= head_dim_qk = 16"),
     (lambda: dec(rotary_cos=t(7, 4), rotary_sin=t(7, 4)),
-     D + "rotary_cos.shape[0] = 7 positions cannot cover the cache capacity of 8"),
+     D + "rotary_cos.shape[0] = 7 positions cannot cover the cache capacity of 8 (8 needed)"),
     (lambda: dec(rotary_cos=t(8, 4), rotary_sin=t(8, 2)), D + "rotary_sin has shape [8, 2], expected [8, 4]"),
     (lambda: dec(options=opts(dropout_p=0.1)), D + "options.dropout_p = 0.1, decode does not support dropout"),
     # combine

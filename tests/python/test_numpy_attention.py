@@ -287,7 +287,7 @@ def test_kvcache_rotary(rng, interleaved, causal):
     b, cap, h, d, rot, sq = 2, 10, 2, 32, 16, 3
     k_cache, v_cache = randn(rng, (b, cap, h, d)), randn(rng, (b, cap, h, d))
     q, k_new, v_new = randn(rng, (b, sq, h, d)), randn(rng, (b, sq, h, d)), randn(rng, (b, sq, h, d))
-    angle = rng.uniform(0, 6.3, (cap, rot // 2))
+    angle = rng.uniform(0, 6.3, (cap + sq - 1, rot // 2))  # causal: query row i sits at length + i
     cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
     lens = np.array([2, 7], np.int32)
     k_rot = rotary(k_new, cos, sin, lens[:, None] + np.arange(sq)[None], interleaved)
