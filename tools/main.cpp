@@ -1,1 +1,59 @@
-int main() { return 0; }
+// The `tileattn` command: subcommands bench and version.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "core/backends.hpp"
+#include "tileattn/error.hpp"
+
+namespace {
+
+const char* kUsage = R"(usage: tileattn <command> [flags]
+
+commands:
+  bench      time flash attention beside a standard attention, checked against the fp64
+             reference (tileattn bench --help lists its flags)
+  version    print the version and the backends this build has
+
+tileattn --help prints this.
+)";
+
+int usage_error(const std::string& msg, const char* hint) {
+  std::fprintf(stderr, "tileattn: %s\n%s", msg.c_str(), hint);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return usage_error("no command given", kUsage);
+  const std::string& cmd = args[0];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "version" || cmd == "--version") {
+    std::printf("tileattn %s (backends: cpu_flash, cpu_reference%s)\n", TILEATTN_VERSION,
+                tileattn::cuda_available() ? ", cuda" : "");
+    return 0;
+  }
+  if (cmd != "bench") return usage_error("unknown command '" + cmd + "'", kUsage);
+
+  const std::vector<std::string> flags(args.begin() + 1, args.end());
+  for (const auto& f : flags)
+    if (f == "--help" || f == "-h") {
+      std::fputs(tileattn::tools::bench_usage(), stdout);
+      return 0;
+    }
+  try {
+    return tileattn::tools::run_bench(tileattn::tools::parse_bench_args(flags));
+  } catch (const tileattn::tools::UsageError& e) {
+    return usage_error(e.what(), "run 'tileattn bench --help' for the flags\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tileattn bench: %s\n", e.what());
+    return 1;
+  }
+}

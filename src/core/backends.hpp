@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/problem.hpp"
 
@@ -26,6 +29,9 @@ std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
 }  // namespace cpu
 
 namespace cuda {
+// Copies a device int32 tensor of rank 1 or 2 to the host, in logical row-major order.
+std::vector<std::int32_t> read_i32(const TensorView& t);
+
 void forward(const Problem& p, const ForwardArgs& a);
 void backward(const Problem& p, const BackwardArgs& a);
 void decode(const Problem& p, const DecodeArgs& a);
@@ -34,6 +40,12 @@ void combine(const Problem& p, const CombineArgs& a);
 std::size_t workspace_size(const Problem& p, const ForwardArgs& a);
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a);
 std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
+
+// For the core's validation: why the cuda backend cannot run this call (host pointers, dtypes or
+// head dims without a kernel, misaligned data); empty when it can.
+std::string check_forward(const Problem& p, const ForwardArgs& a);
+std::string check_decode(const Problem& p, const DecodeArgs& a);
+std::string check_combine(const Problem& p, const CombineArgs& a);
 }  // namespace cuda
 
 }  // namespace tileattn

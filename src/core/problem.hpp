@@ -29,6 +29,7 @@ struct Problem {
   int page_size = 0;
   int seqlen_new = 0;  // rows appended to the cache before attending
   int rotary_dim = 0;  // 0 = no rotary embedding
+  bool rotary_per_row = false;  // query row i at cache length + i (causal or windowed call)
 
   int group() const { return heads_q / heads_kv; }
   Mask mask(int sq, int sk) const { return Mask(sq, sk, bottom_right, window_left, window_right); }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backends.hpp"
@@ -141,13 +142,43 @@ void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem
   p.has_alibi = true;
 }
 
-// Reads an int32 device-independent vector into host memory when it lives on the host; the cuda
-// backend cannot read device memory here without a synchronization, so device values are trusted.
-bool host_ints(const TensorView& t, std::vector<std::int64_t>& out) {
-  if (t.device.type != DeviceType::cpu) return false;
+// Reads a 1-D int32 tensor's values on the host. Device values need a copy and a synchronization:
+// only when allow_device (options.check_device_indices, decode); otherwise they are trusted.
+bool host_ints(const TensorView& t, std::vector<std::int64_t>& out, bool allow_device = false) {
+  if (t.device.type != DeviceType::cpu) {
+#if defined(TILEATTN_WITH_CUDA)
+    if (!allow_device) return false;
+    const std::vector<std::int32_t> v = cuda::read_i32(t);
+    out.assign(v.begin(), v.end());
+    return true;
+#else
+    (void)allow_device;
+    return false;
+#endif
+  }
   out.resize(t.numel());
   for (std::int64_t i = 0; i < t.numel(); ++i) out[i] = t.ptr<const std::int32_t>()[i * t.stride[0]];
   return true;
+}
+
+// A page that an append writes must not be read or written anywhere else in the call: two live
+// slots sharing it would race (shared prefix pages are fine as long as nobody appends into them).
+void check_append_pages(const char* fn, const std::vector<std::int64_t>& pt, std::int64_t per_seq,
+                        const std::vector<std::int64_t>& lens, int seqlen_new, std::int64_t page_size) {
+  std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> owner;  // page -> (b, slot)
+  for (std::size_t b = 0; b < lens.size(); ++b) {
+    const std::int64_t used = (lens[b] + seqlen_new + page_size - 1) / page_size;
+    for (std::int64_t i = 0; i < used; ++i) {
+      const std::int64_t page = pt[b * per_seq + i];
+      auto [it, fresh] = owner.emplace(page, std::make_pair(static_cast<std::int64_t>(b), i));
+      if (fresh) continue;
+      const auto [b2, i2] = it->second;
+      auto written = [&](std::int64_t bb, std::int64_t ii) { return ii >= lens[bb] / page_size; };
+      if (written(static_cast<std::int64_t>(b), i) || written(b2, i2))
+        fail(fn, "page_table[", b2, ", ", i2, "] and page_table[", b, ", ", i, "] both name page ", page,
+             ", which the append writes: it would be read and written concurrently");
+    }
+  }
 }
 
 void check_cu_seqlens(const char* fn, const char* name, const TensorView& cu, int batch,
@@ -286,6 +317,10 @@ Problem validate(const ForwardArgs& a) {
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
                           {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_forward(p, a); !why.empty()) fail(fn, why);
+#endif
   return p;
 }
 
@@ -322,6 +357,11 @@ Problem validate(const DecodeArgs& a) {
   check_same_device(fn, "v_cache", a.v_cache, dev);
   check_same_device(fn, "out", a.out, dev);
   p.backend = resolve_backend(fn, a.options, dev);
+#if defined(TILEATTN_WITH_CUDA)
+  // Before any index tensor is read back from the device: their pointers must be device memory.
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_decode(p, a); !why.empty()) fail(fn, why);
+#endif
   p.batch = to_int(fn, "q batch", a.q.shape[0]);
   p.seqlen_q = to_int(fn, "q seqlen", a.q.shape[1]);
   p.heads_q = to_int(fn, "q heads", a.q.shape[2]);
@@ -382,23 +422,35 @@ Problem validate(const DecodeArgs& a) {
     check_same_device(fn, "cache_seqlens", a.cache_seqlens, dev);
     check_shape(fn, "cache_seqlens", a.cache_seqlens, {p.batch});
     std::vector<std::int64_t> lens;
-    if (host_ints(a.cache_seqlens, lens)) {
+    if (host_ints(a.cache_seqlens, lens, a.options.check_device_indices)) {
       for (int b = 0; b < p.batch; ++b) {
         if (lens[b] < 0) fail(fn, "cache_seqlens[", b, "] = ", lens[b], " is negative");
         if (lens[b] + p.seqlen_new > capacity)
           fail(fn, "cache_seqlens[", b, "] = ", lens[b], " plus ", p.seqlen_new, " appended rows exceeds the cache capacity of ", capacity,
                p.paged ? " (page_table.shape[1] * page_size)" : " (k_cache.shape[1])");
       }
-      if (p.paged && a.page_table.device.type == DeviceType::cpu) {
-        const auto* pt = a.page_table.ptr<const std::int32_t>();
+      if (p.paged) {
+        // The page table in row-major order, from wherever it lives.
+        std::vector<std::int64_t> pt;
+        if (a.page_table.device.type == DeviceType::cpu) {
+          for (std::int64_t b = 0; b < a.page_table.shape[0]; ++b)
+            for (std::int64_t i = 0; i < a.page_table.shape[1]; ++i)
+              pt.push_back(a.page_table.ptr<const std::int32_t>()[b * a.page_table.stride[0] + i * a.page_table.stride[1]]);
+        } else {
+#if defined(TILEATTN_WITH_CUDA)
+          const std::vector<std::int32_t> v = cuda::read_i32(a.page_table);
+          pt.assign(v.begin(), v.end());
+#endif
+        }
         for (int b = 0; b < p.batch; ++b) {
           const std::int64_t used = (lens[b] + p.seqlen_new + n1 - 1) / n1;
           for (std::int64_t i = 0; i < used; ++i) {
-            const std::int64_t page = pt[b * a.page_table.stride[0] + i * a.page_table.stride[1]];
+            const std::int64_t page = pt[b * a.page_table.shape[1] + i];
             if (page < 0 || page >= n0)
               fail(fn, "page_table[", b, ", ", i, "] = ", page, " is outside [0, ", n0, ") (k_cache.shape[0] pages)");
           }
         }
+        if (p.seqlen_new > 0) check_append_pages(fn, pt, a.page_table.shape[1], lens, p.seqlen_new, n1);
       }
     }
   }
@@ -415,8 +467,13 @@ Problem validate(const DecodeArgs& a) {
     check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     if (half < 1 || 2 * half > p.hdim_qk)
       fail(fn, "rotary_cos.shape[1] = ", half, " gives rotary_dim = ", 2 * half, ", expected 2 <= rotary_dim <= head_dim_qk = ", p.hdim_qk);
-    if (positions < capacity)
-      fail(fn, "rotary_cos.shape[0] = ", positions, " positions cannot cover the cache capacity of ", capacity);
+    // flash_attn_with_kvcache's rule: query row i sits at cache_seqlens[b] + i when the call is
+    // causal or windowed, else every row at cache_seqlens[b]; appended row n at cache_seqlens[b] + n.
+    p.rotary_per_row = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
+    const std::int64_t needed = capacity + (p.rotary_per_row ? p.seqlen_q - 1 : 0);
+    if (positions < needed)
+      fail(fn, "rotary_cos.shape[0] = ", positions, " positions cannot cover the cache capacity of ", capacity,
+           p.rotary_per_row ? " plus the query rows beyond the first" : "", " (", needed, " needed)");
     p.rotary_dim = static_cast<int>(2 * half);
   }
   Options o = a.options;
@@ -460,6 +517,10 @@ Problem validate(const CombineArgs& a) {
   }
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_combine(p, a); !why.empty()) fail(fn, why);
+#endif
   return p;
 }
 

@@ -1,9 +1,9 @@
 // Merges partial attention results over disjoint key sets by their log-sum-exp.
-#include <cmath>
-#include <limits>
+#include <algorithm>
 #include <vector>
 
 #include "core/backends.hpp"
+#include "cpu/lse_merge.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
 
@@ -19,24 +19,18 @@ void combine(const Problem& p, const CombineArgs& a) {
       const int h = static_cast<int>(r % p.heads_q);
       const int i = static_cast<int>(r / p.heads_q % p.seqlen_q);
       const int b = static_cast<int>(r / p.heads_q / p.seqlen_q);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int s = 0; s < splits; ++s) {
+      for (int s = 0; s < splits; ++s)
         w[s] = lp.ptr<const float>()[s * lp.stride[0] + b * lp.stride[1] + h * lp.stride[2] + i * lp.stride[3]];
-        m = std::max(m, w[s]);
-      }
-      float l = 0;
-      if (m != -std::numeric_limits<float>::infinity())
-        for (int s = 0; s < splits; ++s) l += (w[s] = std::exp(w[s] - m));
+      const float lse = lse_merge_weights(w.data(), splits);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int s = 0; s < splits && l > 0; ++s) {
-        if (w[s] == 0.f) continue;  // an empty split may hold garbage; never let it reach the sum
+      for (int s = 0; s < splits; ++s) {
+        if (w[s] == 0.f) continue;
         const float* src = op.ptr<const float>() + s * op.stride[0] + b * op.stride[1] + i * op.stride[2] + h * op.stride[3];
-        for (int c = 0; c < p.hdim_v; ++c) acc[c] += w[s] / l * src[c];
+        for (int c = 0; c < p.hdim_v; ++c) acc[c] += w[s] * src[c];
       }
       for (int c = 0; c < p.hdim_v; ++c) store_f32(a.out, elem(a.out, false, b, i, h, c), acc[c]);
       if (a.lse.present())
-        a.lse.ptr<float>()[b * a.lse.stride[0] + h * a.lse.stride[1] + i * a.lse.stride[2]] =
-            l > 0 ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+        a.lse.ptr<float>()[b * a.lse.stride[0] + h * a.lse.stride[1] + i * a.lse.stride[2]] = lse;
     }
   });
 }

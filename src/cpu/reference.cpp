@@ -279,12 +279,9 @@ void reference_decode(const Problem& p, const DecodeArgs& a, RefPrecision prec) 
       hd.slope = alibi_slope(p, a.alibi_slopes, b, h);
       hd.q = gather(a.q, false, b, 0, hd.sq, h, hd.d);
       if (p.rotary_dim) {
-        // Every query row at the cache length, or at consecutive positions when the mask is
-        // causal or windowed (flash_attn_with_kvcache's rule).
-        const bool per_row = p.window_left >= 0 || p.window_right >= 0;
         for (int i = 0; i < hd.sq; ++i) {
           std::vector<double> row(hd.q.begin() + i * hd.d, hd.q.begin() + (i + 1) * hd.d);
-          rotate(row, cache_len(b) + (per_row ? i : 0));
+          rotate(row, cache_len(b) + (p.rotary_per_row ? i : 0));
           std::copy(row.begin(), row.end(), hd.q.begin() + i * hd.d);
         }
       }

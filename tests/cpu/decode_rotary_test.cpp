@@ -35,10 +35,11 @@ TEST_P(DecodeRotary, MatchesPlainOps) {
   const std::vector<std::int32_t> lens = {5, 0};
   HostTensor q(DType::f32, {batch, sq, hq, d}), kc(DType::f32, {batch, cap, hkv, d}), vc(DType::f32, {batch, cap, hkv, d});
   HostTensor kn(DType::f32, {batch, snew, hkv, d}), vn(DType::f32, {batch, snew, hkv, d});
-  HostTensor cosv(DType::f32, {cap, rc.rotary_dim / 2}), sinv(DType::f32, {cap, rc.rotary_dim / 2});
+  const int positions = cap + sq;  // causal calls place query row i at cache length + i
+  HostTensor cosv(DType::f32, {positions, rc.rotary_dim / 2}), sinv(DType::f32, {positions, rc.rotary_dim / 2});
   for (HostTensor* t : {&q, &kc, &vc, &kn, &vn}) t->fill_normal(rng);
   std::uniform_real_distribution<double> angle(-3.0, 3.0);
-  std::vector<double> theta(cap * rc.rotary_dim / 2);
+  std::vector<double> theta(positions * rc.rotary_dim / 2);
   for (std::size_t i = 0; i < theta.size(); ++i) {
     theta[i] = angle(rng);
     cosv.set(static_cast<std::int64_t>(i), std::cos(theta[i]));

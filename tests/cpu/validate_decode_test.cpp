@@ -116,6 +116,35 @@ TEST(ValidateDecode, Tensors) {
   });
 }
 
+TEST(ValidateDecode, Rotary) {
+  Fixture t;
+  // Contiguous capacity 10, q has 2 rows: a causal call needs 10 + 1 positions, others 10.
+  HostTensor cos10{DType::f32, {10, 4}}, sin10{DType::f32, {10, 4}}, cos11{DType::f32, {11, 4}}, sin11{DType::f32, {11, 4}};
+  HostTensor cos_wide{DType::f32, {11, 5}}, sin_wide{DType::f32, {11, 5}}, sin_f16{DType::f16, {11, 4}}, cos_1d{DType::f32, {44}};
+  for (HostTensor* x : {&cos10, &sin10, &cos11, &sin11, &cos_wide, &sin_wide}) x->fill(0.5);
+  auto with = [](const HostTensor& c, const HostTensor& s) {
+    return [&c, &s](DecodeArgs& a) {
+      a.rotary_cos = c.view();
+      a.rotary_sin = s.view();
+    };
+  };
+  {
+    DecodeArgs a = t.contiguous();
+    with(cos10, sin10)(a);
+    decode(a);  // not causal: 10 positions suffice
+  }
+  t.run(false, {
+      {"sin absent", [&](DecodeArgs& a) { a.rotary_cos = cos11.view(); }, {"rotary_cos and rotary_sin must be given together (rotary_sin is absent)"}},
+      {"cos rank", [&](DecodeArgs& a) { with(cos11, sin11)(a); a.rotary_cos = cos_1d.view(); }, {"rotary_cos must have 2 dimensions, got 1"}},
+      {"sin dtype", [&](DecodeArgs& a) { with(cos11, sin_f16)(a); }, {"rotary_sin has dtype f16, expected f32"}},
+      {"sin shape", [&](DecodeArgs& a) { with(cos11, sin10)(a); }, {"rotary_sin has shape [10, 4], expected [11, 4]"}},
+      {"rotary dim", [&](DecodeArgs& a) { with(cos_wide, sin_wide)(a); },
+       {"rotary_cos.shape[1] = 5 gives rotary_dim = 10, expected 2 <= rotary_dim <= head_dim_qk = 8"}},
+      {"causal positions", [&](DecodeArgs& a) { with(cos10, sin10)(a); a.options.causal = true; },
+       {"rotary_cos.shape[0] = 10 positions cannot cover the cache capacity of 10 plus the query rows beyond the first (11 needed)"}},
+  });
+}
+
 TEST(ValidateDecode, CacheLengthsAndAppend) {
   Fixture t;
   t.run(false, {
@@ -165,6 +194,21 @@ TEST(ValidateDecode, PageTable) {
     t.run(true, {{"page out of range", [](DecodeArgs&) {}, {frag}}});
   }
   t.table.set(4, 5);
+  // Sequence 2 appends rows 8-9 into its page at [2, 2]; naming that page in sequence 1 would race.
+  t.table.set(3, 3);
+  t.run(true, {{"appended page shared", [](DecodeArgs&) {},
+                {"page_table[1, 0] and page_table[2, 2] both name page 3, which the append writes"}}});
+  t.table.set(3, 2);
+}
+
+TEST(ValidateDecode, SharedPagesThatNobodyWritesPass) {
+  Fixture t;
+  // A shared prefix: sequences 1 and 2 read page 5 (entry [1, 1] and [2, 0]) with no append into it.
+  t.table.set(6, 5);
+  DecodeArgs a = t.paged();
+  a.k_new = TensorView{};
+  a.v_new = TensorView{};
+  decode(a);
 }
 
 }  // namespace

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""tileattn's CPU flash attention against PyTorch's CPU scaled_dot_product_attention.
+
+usage: python3 bench/cpu_vs_torch.py OUTDIR [--threads N] [--cli PATH] [--commit SHA] [--budget SECONDS]
+
+Forward and backward, fp32 and bf16, seqlen 1k to 8k, head dims 64 and 128 at model width 1024
+(heads = 1024 / hdim), batch 1; non-causal first, then causal while the time budget lasts. Both
+sides use the same thread count: ours through `tileattn bench --json --threads N` (which also checks
+its results against the fp64 reference), PyTorch through torch.set_num_threads(N) with its CPU flash
+kernel forced. Writes OUTDIR/<date>-cpu-fwd-bwd.json in the DESIGN.md record format and prints our
+speedup over PyTorch per row.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIDTH = 1024
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CLI_DTYPES = {"fp32": "f32", "bf16": "bf16"}
+
+
+def fwd_flops(batch, heads, seqlen, hdim, causal):
+    f = 4.0 * batch * heads * seqlen * seqlen * hdim
+    return f / 2 if causal else f
+
+
+def repeats(flops):
+    return 3 if flops > 2e10 else 5
+
+
+def median_ms(fn, n):
+    fn()  # warm-up
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def row(grid, impl, dtype, batch, seqlen, heads, hdim, causal, ms, flops):
+    return {"grid": grid, "impl": impl, "dtype": dtype, "batch": batch, "seqlen_q": seqlen,
+            "seqlen_k": seqlen, "heads_q": heads, "heads_kv": heads, "hdim": hdim, "causal": causal,
+            "page_size": None, "ms": ms, "tflops": flops / ms / 1e9, "tbps": None}
+
+
+def torch_rows(dtype, batch, heads, hdim, seqlens, causal):
+    out = []
+    for s in seqlens:
+        ff = fwd_flops(batch, heads, s, hdim, causal)
+        n = repeats(ff)
+        # [batch, heads, seqlen, hdim] contiguous: PyTorch's own preferred layout.
+        q, k, v, do = (torch.randn(batch, heads, s, hdim, dtype=TORCH_DTYPES[dtype]) for _ in range(4))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with torch.no_grad():
+                ms = median_ms(lambda: sdpa(q, k, v, is_causal=causal), n)
+            out.append(row("cpu-fwd", "torch-cpu", dtype, batch, s, heads, hdim, causal, ms, ff))
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            o = sdpa(q, k, v, is_causal=causal)
+            ms = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), n)
+            out.append(row("cpu-bwd", "torch-cpu", dtype, batch, s, heads, hdim, causal, ms, 2.5 * ff))
+    return out
+
+
+def tileattn_rows(cli, threads, dtype, batch, heads, hdim, seqlens, causal):
+    cmd = [cli, "bench", "--json", "--bwd", "--no-standard", "--backend", "cpu_flash",
+           "--threads", str(threads), "--dtype", CLI_DTYPES[dtype], "--batch", str(batch),
+           "--heads", str(heads), "--hdim", str(hdim), "--seqlens", ",".join(map(str, seqlens))]
+    if causal:
+        cmd.append("--causal")
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"cpu_vs_torch: {' '.join(cmd)} failed ({res.returncode}):\n{res.stderr}{res.stdout}")
+    return json.loads(res.stdout)["rows"]
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def git_commit():
+    res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--cli", default=os.path.join(REPO, "build", "tileattn"))
+    ap.add_argument("--seqlens", default="1024,2048,4096,8192")
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--commit", default=None, help="the record's commit (default: git rev-parse HEAD)")
+    ap.add_argument("--budget", type=float, default=230.0,
+                    help="seconds; causal configurations run only while they fit")
+    args = ap.parse_args()
+    seqlens = [int(x) for x in args.seqlens.split(",")]
+    hdims = [int(x) for x in args.hdims.split(",")]
+    dtypes = args.dtypes.split(",")
+    torch.set_num_threads(args.threads)
+
+    start = time.perf_counter()
+    rows, noncausal_s = [], {}
+    for causal in (False, True):
+        for dtype in dtypes:
+            for hdim in hdims:
+                if causal:  # a causal run costs about half its non-causal one
+                    left = args.budget - (time.perf_counter() - start)
+                    if noncausal_s[(dtype, hdim)] / 2 > left:
+                        print(f"skipping causal {dtype} hdim {hdim}: over the time budget", file=sys.stderr)
+                        continue
+                t0 = time.perf_counter()
+                heads = WIDTH // hdim
+                rows += tileattn_rows(args.cli, args.threads, dtype, 1, heads, hdim, seqlens, causal)
+                rows += torch_rows(dtype, 1, heads, hdim, seqlens, causal)
+                noncausal_s.setdefault((dtype, hdim), time.perf_counter() - t0)
+
+    date = datetime.date.today().isoformat()
+    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": None,
+              "threads": args.threads, "torch": torch.__version__, "rows": rows}
+    os.makedirs(args.outdir, exist_ok=True)
+    path = os.path.join(args.outdir, f"{date}-cpu-fwd-bwd.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+    key = lambda r: (r["grid"], r["dtype"], r["hdim"], r["causal"], r["seqlen_q"])
+    torch_ms = {key(r): r["ms"] for r in rows if r["impl"] == "torch-cpu"}
+    print(f"{record['device']}, {args.threads} threads, torch {torch.__version__}; batch 1, width {WIDTH}")
+    print(f"{'pass':4} {'dtype':5} {'hdim':>4} {'causal':6} {'seqlen':>6} | {'tileattn ms':>11} "
+          f"{'torch ms':>9} | speedup")
+    order = lambda r: (r["causal"], r["dtype"], r["hdim"], r["seqlen_q"], r["grid"] != "cpu-fwd")
+    speedups = {"cpu-fwd": [], "cpu-bwd": []}
+    for r in sorted((r for r in rows if r["impl"] == "tileattn"), key=order):
+        t = torch_ms[key(r)]
+        speedups[r["grid"]].append(t / r["ms"])
+        print(f"{r['grid'][4:]:4} {r['dtype']:5} {r['hdim']:4} {str(r['causal']):6} {r['seqlen_q']:6} | "
+              f"{r['ms']:11.2f} {t:9.2f} | {t / r['ms']:.2f}x")
+    for grid, s in speedups.items():
+        print(f"{grid[4:]} speedup over torch: min {min(s):.2f}x, geomean {statistics.geometric_mean(s):.2f}x")
+    print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+// Times tileattn's GPU decode on the DESIGN.md decode grid (one query row, bf16, head dim 128),
+// contiguous and paged caches, and the device's copy bandwidth, printing one JSON row per line.
+// bench/gpu_decode.py runs it beside the PyTorch peers.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tileattn/tileattn.hpp"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Random bf16 values (never zeros: they can run faster than real data).
+void fill_random(void* dst, std::size_t n, std::uint64_t seed) {
+  std::vector<__nv_bfloat16> h(std::min<std::size_t>(n, 1 << 24));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (auto& x : h) x = __float2bfloat16(d(rng));
+  for (std::size_t at = 0; at < n; at += h.size()) {
+    const std::size_t m = std::min(h.size(), n - at);
+    check(cudaMemcpy(static_cast<__nv_bfloat16*>(dst) + at, h.data(), m * 2, cudaMemcpyHostToDevice), "fill");
+  }
+}
+
+// Median milliseconds of fn over reps timed runs after warm-up runs.
+template <class F>
+double median_ms(F fn, int warmup = 5, int reps = 40) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&t[i], a, b);
+  }
+  check(cudaGetLastError(), "timed runs");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+double copy_tbps() {
+  const std::size_t bytes = std::size_t(2) << 30;
+  void *a, *b;
+  check(cudaMalloc(&a, bytes), "cudaMalloc");
+  check(cudaMalloc(&b, bytes), "cudaMalloc");
+  check(cudaMemset(a, 1, bytes), "memset");
+  const double ms = median_ms([&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice); }, 3, 10);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (ms * 1e-3) / 1e12;  // bytes read plus bytes written
+}
+
+}  // namespace
+
+int main() {
+  using namespace tileattn;
+  const int hdim = 128;
+  const std::array<std::array<int, 4>, 5> grid{{{1, 32768, 32, 8}, {1, 131072, 32, 8}, {16, 8192, 32, 8}, {64, 4096, 32, 32}, {1, 65536, 16, 16}}};
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("{\"device\": \"%s\", \"copy_tbps\": %.3f}\n", prop.name, copy_tbps());
+  for (const auto& [batch, kv, hq, hkv] : grid) {
+    for (int page : {0, 16, 256}) {
+      const std::size_t cache = std::size_t(batch) * kv * hkv * hdim;
+      void *q, *k, *v, *out, *lens, *table = nullptr;
+      check(cudaMalloc(&q, std::size_t(batch) * hq * hdim * 2), "cudaMalloc q");
+      check(cudaMalloc(&out, std::size_t(batch) * hq * hdim * 2), "cudaMalloc out");
+      check(cudaMalloc(&k, cache * 2), "cudaMalloc k");
+      check(cudaMalloc(&v, cache * 2), "cudaMalloc v");
+      fill_random(q, std::size_t(batch) * hq * hdim, 1);
+      fill_random(k, cache, 2);
+      fill_random(v, cache, 3);
+      std::vector<int> len(batch, kv);
+      check(cudaMalloc(&lens, batch * 4), "cudaMalloc lens");
+      check(cudaMemcpy(lens, len.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
+      DecodeArgs a;
+      const Device dev{DeviceType::cuda, 0};
+      a.q = view(q, DType::bf16, {batch, 1, hq, hdim}, dev);
+      a.out = view(out, DType::bf16, {batch, 1, hq, hdim}, dev);
+      a.cache_seqlens = view(lens, DType::i32, {batch}, dev);
+      if (page == 0) {
+        a.k_cache = view(k, DType::bf16, {batch, kv, hkv, hdim}, dev);
+        a.v_cache = view(v, DType::bf16, {batch, kv, hkv, hdim}, dev);
+      } else {
+        // Pages shuffled through the pool, as a serving engine's allocator leaves them.
+        const int per_seq = kv / page, pages = batch * per_seq;
+        std::vector<int> perm(pages);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+        check(cudaMalloc(&table, pages * 4), "cudaMalloc table");
+        check(cudaMemcpy(table, perm.data(), pages * 4, cudaMemcpyHostToDevice), "table");
+        a.page_table = view(table, DType::i32, {batch, per_seq}, dev);
+        a.k_cache = view(k, DType::bf16, {pages, page, hkv, hdim}, dev);
+        a.v_cache = view(v, DType::bf16, {pages, page, hkv, hdim}, dev);
+      }
+      a.options.check_device_indices = false;  // the hot path: no host synchronization per call
+      std::size_t ws_bytes = workspace_size(a);
+      void* ws = nullptr;
+      if (ws_bytes) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+      a.options.workspace = ws;
+      a.options.workspace_bytes = ws_bytes;
+      const double ms = median_ms([&] { decode(a); });
+      const double tbps = 2.0 * cache * 2 / (ms * 1e-3) / 1e12;
+      std::printf(
+          "{\"grid\": \"decode\", \"impl\": \"tileattn\", \"dtype\": \"bf16\", \"batch\": %d, \"seqlen_q\": 1, "
+          "\"seqlen_k\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": false, \"page_size\": %s, "
+          "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f}\n",
+          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps);
+      std::fflush(stdout);
+      for (void* p : {q, k, v, out, lens, table, ws}) cudaFree(p);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,125 @@
+// Times tileattn's cuda forward on the rows given on the command line and prints one JSON object
+// per row (bench/gpu_bench.py runs it beside the PyTorch peers and merges the records).
+//
+//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
+//
+// Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
+// no call finds its inputs in L2. Each call is timed with CUDA events; the median is reported.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "common/half.hpp"
+#include "tileattn/tileattn.hpp"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "tileattn_gpu_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Row {
+  int batch, seqlen, heads, hdim;
+  bool causal;
+};
+
+constexpr int kSets = 3;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 30;
+  tileattn::DType dtype = tileattn::DType::bf16;
+  std::vector<Row> rows;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {
+      dtype = std::strcmp(argv[++i], "f16") ? tileattn::DType::bf16 : tileattn::DType::f16;
+    } else {
+      Row r{};
+      int causal = 0;
+      if (std::sscanf(argv[i], "%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal) != 5) {
+        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
+        return 2;
+      }
+      r.causal = causal != 0;
+      rows.push_back(r);
+    }
+  }
+
+  std::size_t max_elems = 0;
+  for (const Row& r : rows) max_elems = std::max(max_elems, std::size_t(r.batch) * r.seqlen * r.heads * r.hdim);
+  // Random inputs: one host pattern per tensor role, copied into every set.
+  std::vector<std::uint16_t> host(max_elems);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  std::vector<void*> q(kSets), k(kSets), v(kSets), o(kSets);
+  float* lse = nullptr;
+  for (auto* bufs : {&q, &k, &v, &o})
+    for (int s = 0; s < kSets; ++s) {
+      for (auto& h : host) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const float f = (static_cast<float>(x >> 40) / 16777216.f - 0.5f) * 3.4f;
+        h = dtype == tileattn::DType::bf16 ? tileattn::f32_to_bf16(f) : tileattn::f32_to_f16(f);
+      }
+      check(cudaMalloc(&(*bufs)[s], max_elems * 2), "cudaMalloc");
+      check(cudaMemcpy((*bufs)[s], host.data(), max_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+  std::size_t max_rows = 0;
+  for (const Row& r : rows) max_rows = std::max(max_rows, std::size_t(r.batch) * r.seqlen * r.heads);
+  check(cudaMalloc(&lse, max_rows * sizeof(float)), "cudaMalloc");
+
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  const tileattn::Device dev{tileattn::DeviceType::cuda, 0};
+  for (const Row& r : rows) {
+    auto args_for = [&](int s) {
+      tileattn::ForwardArgs a;
+      a.q = tileattn::view(q[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.k = tileattn::view(k[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.v = tileattn::view(v[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.out = tileattn::view(o[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.lse = tileattn::view(lse, tileattn::DType::f32, {r.batch, r.heads, r.seqlen}, dev);
+      a.options.causal = r.causal;
+      a.options.backend = tileattn::Backend::cuda;
+      return a;
+    };
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    check(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
+    for (int w = 0; w < 3; ++w) tileattn::forward(args_for(w % kSets));
+    check(cudaDeviceSynchronize(), "warm-up");
+    check(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
+    std::vector<float> ms(iters);
+    for (int it = 0; it < iters; ++it) {
+      const tileattn::ForwardArgs a = args_for(it % kSets);
+      check(cudaEventRecord(start), "cudaEventRecord");
+      tileattn::forward(a);
+      check(cudaEventRecord(stop), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      check(cudaEventElapsedTime(&ms[it], start, stop), "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[iters / 2];
+    const double flops = 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
+    const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
+    std::printf(
+        "{\"grid\": \"fwd\", \"impl\": \"tileattn\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
+        "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
+        "\"tflops\": %.2f, \"tbps\": null, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
+        tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
+        median, flops / (median * 1e-3) / 1e12, tileattn::workspace_size(args_for(0)), lse_bytes,
+        static_cast<long long>(free_before) - static_cast<long long>(free_after));
+    std::fflush(stdout);
+  }
+  return 0;
+}

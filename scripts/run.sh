@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The two commands for a fresh machine:
+#   scripts/run.sh bench [flags]   install what is missing, build, run `tileattn bench [flags]`
+#   scripts/run.sh test  [args]    install what is missing, build, run the whole test suite (ctest)
+# TILEATTN_CMAKE_ARGS adds flags to the CMake configure step; JOBS sets the parallelism.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-}
+case "$what" in
+  bench|test) shift ;;
+  *) echo "usage: scripts/run.sh bench|test [args]" >&2; exit 2 ;;
+esac
+scripts/setup.sh
+# shellcheck disable=SC2086  # TILEATTN_CMAKE_ARGS is a list of flags
+scripts/build.sh ${TILEATTN_CMAKE_ARGS:-}
+if [ "$what" = bench ]; then
+  exec build/tileattn bench "$@"
+fi
+exec ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" "$@"

@@ -1,0 +1,227 @@
+// FlashAttention-2 backward on the CPU. Three passes, each parallel with no shared writes:
+//   1. D = rowsum(dO * O) per query row (fp32), and the dQ partials zeroed;
+//   2. per (sequence, KV head, key group): every key block of the group keeps its dK, dV tiles
+//      while the query tiles of all heads of the GQA group stream by; P is recomputed from the
+//      LSE, dS = P * (dP - D), and dS K goes to the group's own fp32 dQ partial;
+//   3. dQ = the partials summed in group order.
+// Which task writes which partial depends on the problem shape alone, so every run, on any thread
+// count, gives bitwise the same gradients: options.deterministic holds by construction.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/flash_backward.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "core/backends.hpp"
+#include "cpu/flash_simd-inl.h"
+#include "cpu/parallel.hpp"
+#include "cpu/tensor_io.hpp"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tileattn::cpu::HWY_NAMESPACE {
+
+// First i in [0, n) with pred(i) true, for pred false...true over i.
+template <class Pred>
+int first_row(int n, Pred pred) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+template <class T>
+void BackwardT(const Problem& p, const BackwardArgs& a) {
+  const DF df;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  const int D = p.hdim_qk, DV = p.hdim_v, Dp = flash::padded(D), DVp = flash::padded(DV);
+  const std::int64_t rows_total = flash::total_q_rows(p, a);
+  const int groups = flash::backward_key_groups(p);
+  const std::size_t es = sizeof(T);
+  flash::Workspace ws(a.options, workspace_size(p, a));
+  float* Dsum = ws.floats(static_cast<std::size_t>(p.heads_q) * rows_total);  // [h][row]
+  float* dQp = ws.floats(static_cast<std::size_t>(groups) * p.heads_q * rows_total * Dp);  // [g][h][row][Dp]
+  auto row_index = [&](int b, const Seq& s, int i) -> std::int64_t {
+    return p.varlen ? s.q0 + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
+  };
+  auto part = [&](int g, int h, std::int64_t row) {
+    return dQp + ((static_cast<std::int64_t>(g) * p.heads_q + h) * rows_total + row) * Dp;
+  };
+  auto ptr = [&](const TensorView& t, int b, std::int64_t row, int h) {
+    return reinterpret_cast<T*>(static_cast<char*>(t.data) + elem(t, p.varlen, b, row, h) * es);
+  };
+  const std::int64_t qblocks = (p.seqlen_q + flash::kBr - 1) / flash::kBr;
+  const std::int64_t qtasks = static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks;
+
+  // Pass 1.
+  parallel_for(qtasks, [&](std::int64_t begin, std::int64_t end) {
+    float* rows = flash::thread_tiles(2 * static_cast<std::size_t>(DV));
+    for (std::int64_t t = begin; t < end; ++t) {
+      const int qb = static_cast<int>(t % qblocks), h = static_cast<int>(t / qblocks % p.heads_q);
+      const int b = static_cast<int>(t / qblocks / p.heads_q);
+      const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+      for (int i = qb * flash::kBr; i < std::min(s.sq, (qb + 1) * flash::kBr); ++i) {
+        LoadRow(ptr(a.dout, b, s.q0 + i, h), rows, DV);
+        LoadRow(ptr(a.out, b, s.q0 + i, h), rows + DV, DV);
+        float acc = 0.f;
+        for (int c = 0; c < DV; ++c) acc += rows[c] * rows[DV + c];
+        const std::int64_t r = row_index(b, s, i);
+        Dsum[h * rows_total + r] = acc;
+        for (int g = 0; g < groups; ++g) std::memset(part(g, h, r), 0, sizeof(float) * Dp);
+      }
+    }
+  });
+
+  // Pass 2.
+  const ScoreMod sm = p.score_mod(0.f);
+  const bool dropout = p.dropout_p > 0.f, softcap = sm.softcap > 0.f;
+  const Dropout drop = p.dropout(a.options);
+  const std::size_t tile_floats = static_cast<std::size_t>(flash::kBc) * (2 * Dp + DV + DVp) +
+                                  static_cast<std::size_t>(flash::kBr) * (D + Dp + DV + DVp + 2) +
+                                  3 * static_cast<std::size_t>(flash::kBc) * flash::kBr;
+  parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_kv * groups, [&](std::int64_t begin, std::int64_t end) {
+    float* Kj = flash::thread_tiles(tile_floats);  // [kBc][Dp]
+    float* Vj = Kj + flash::kBc * Dp;               // [kBc][DV]
+    float* dK = Vj + flash::kBc * DV;               // [kBc][Dp]
+    float* dV = dK + flash::kBc * Dp;               // [kBc][DVp]
+    float* QT = dV + flash::kBc * DVp;              // [D][kBr]
+    float* Qr = QT + D * kBr;                       // [kBr][Dp]
+    float* dOT = Qr + kBr * Dp;                     // [DV][kBr]
+    float* dOr = dOT + DV * kBr;                    // [kBr][DVp]
+    float* S = dOr + kBr * DVp;                     // [kBc][kBr] scores, then P
+    float* dP = S + kBc * kBr;                      // [kBc][kBr] dP, then dS
+    float* Th = dP + kBc * kBr;                     // [kBc][kBr] tanh under the softcap
+    float* L = Th + kBc * kBr;                      // [kBr] lse in log2 units; +inf: no key
+    float* Dr = L + kBr;                            // [kBr]
+    TileRows rows;
+    for (std::int64_t t = begin; t < end; ++t) {
+      const int grp = static_cast<int>(t % groups), g = static_cast<int>(t / groups % p.heads_kv);
+      const int b = static_cast<int>(t / groups / p.heads_kv);
+      const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+      const Mask mask = p.mask(s.sq, s.sk);
+      const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
+      const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
+      const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
+      const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
+      for (int j0 = grp * kBc; j0 < s.sk; j0 += groups * kBc) {
+        const int nk = std::min(kBc, s.sk - j0), j1 = j0 + nk;
+        LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); }, j0, nk, D, Dp, Kj);
+        LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, j0, nk, DV, DV, Vj);
+        std::memset(dK, 0, sizeof(float) * kBc * Dp);
+        std::memset(dV, 0, sizeof(float) * kBc * DVp);
+        for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
+          const float slope = alibi_slope(p, a.alibi_slopes, b, h);
+          const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
+          // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i.
+          const int ilo = first_row(s.sq, [&](int i) { return mask.key_end(i) > j0; });
+          const int ihi = first_row(s.sq, [&](int i) { return mask.key_begin(i) >= j1; });
+          for (int i0 = ilo; i0 < ihi; i0 += kBr) {
+            const int n = std::min(kBr, ihi - i0);
+            rows.reset();
+            for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
+            rows.finish(n);
+            for (int r = 0; r < kBr; ++r) {
+              if (r < n) {
+                const std::int64_t qrow = s.q0 + i0 + r;
+                LoadRow(ptr(a.q, b, qrow, h), Qr + r * Dp, D);
+                for (int c = 0; c < D; ++c) QT[c * kBr + r] = Qr[r * Dp + c];
+                for (int c = D; c < Dp; ++c) Qr[r * Dp + c] = 0.f;
+                LoadRow(ptr(a.dout, b, qrow, h), dOr + r * DVp, DV);
+                for (int c = 0; c < DV; ++c) dOT[c * kBr + r] = dOr[r * DVp + c];
+                for (int c = DV; c < DVp; ++c) dOr[r * DVp + c] = 0.f;
+                const float lse = a.lse.ptr<const float>()[lse_elem(a.lse, p.varlen, b, qrow, h)];
+                L[r] = lse == -kInf ? kInf : lse * kLog2e;
+                Dr[r] = Dsum[h * rows_total + row_index(b, s, i0 + r)];
+              } else {
+                for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
+                for (int c = 0; c < DV; ++c) dOT[c * kBr + r] = 0.f;
+                L[r] = kInf;
+                Dr[r] = 0.f;
+              }
+            }
+            Gemm(Kj, Dp, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+            ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
+            Gemm(Vj, DV, 1, dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+            if (dropout) DropTile(drop, rows, dP, j0, nk);
+            const VF keep_scale = hn::Set(df, dropout ? drop.keep_scale : 1.f);
+            const VF scale = hn::Set(df, sm.scale);
+            for (int v = 0; v < kBr; v += N) {
+              const VF lv = hn::LoadU(df, L + v), dv = hn::LoadU(df, Dr + v);
+              for (int jj = 0; jj < nk; ++jj) {
+                const VF pj = Exp2(df, hn::Sub(hn::LoadU(df, S + jj * kBr + v), lv));
+                hn::StoreU(pj, df, S + jj * kBr + v);
+                VF ds = hn::Mul(pj, hn::MulSub(hn::LoadU(df, dP + jj * kBr + v), keep_scale, dv));
+                if (softcap) {
+                  const VF th = hn::LoadU(df, Th + jj * kBr + v);
+                  ds = hn::Mul(ds, hn::Mul(scale, hn::NegMulAdd(th, th, hn::Set(df, 1.f))));
+                } else {
+                  ds = hn::Mul(ds, scale);
+                }
+                hn::StoreU(ds, df, dP + jj * kBr + v);
+              }
+            }
+            if (dropout) {
+              DropTile(drop, rows, S, j0, nk);
+              for (int e = 0; e < nk * kBr; e += N)
+                hn::StoreU(hn::Mul(hn::LoadU(df, S + e), keep_scale), df, S + e);
+            }
+            Gemm(S, kBr, 1, dOr, DVp, dV, DVp, nk, DVp, n);
+            Gemm(dP, kBr, 1, Qr, Dp, dK, Dp, nk, Dp, n);
+            Gemm(dP, 1, kBr, Kj, Dp, part(grp, h, row_index(b, s, i0)), Dp, n, Dp, nk);
+          }
+        }
+        for (int j = 0; j < nk; ++j) {
+          StoreRow(dK + j * Dp, ptr(a.dk, b, s.k0 + j0 + j, g), D);
+          StoreRow(dV + j * DVp, ptr(a.dv, b, s.k0 + j0 + j, g), DV);
+        }
+      }
+    }
+  });
+
+  // Pass 3.
+  parallel_for(qtasks, [&](std::int64_t begin, std::int64_t end) {
+    float* acc = flash::thread_tiles(static_cast<std::size_t>(Dp));
+    for (std::int64_t t = begin; t < end; ++t) {
+      const int qb = static_cast<int>(t % qblocks), h = static_cast<int>(t / qblocks % p.heads_q);
+      const int b = static_cast<int>(t / qblocks / p.heads_q);
+      const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+      for (int i = qb * flash::kBr; i < std::min(s.sq, (qb + 1) * flash::kBr); ++i) {
+        const std::int64_t r = row_index(b, s, i);
+        std::memcpy(acc, part(0, h, r), sizeof(float) * Dp);
+        for (int g = 1; g < groups; ++g) {
+          const float* src = part(g, h, r);
+          for (int c = 0; c < Dp; c += N) hn::StoreU(hn::Add(hn::LoadU(df, acc + c), hn::LoadU(df, src + c)), df, acc + c);
+        }
+        StoreRow(acc, ptr(a.dq, b, s.q0 + i, h), D);
+      }
+    }
+  });
+}
+
+void FlashBackward(const Problem& p, const BackwardArgs& a) {
+  switch (p.dtype) {
+    case DType::f16: return BackwardT<hwy::float16_t>(p, a);
+    case DType::bf16: return BackwardT<hwy::bfloat16_t>(p, a);
+    default: return BackwardT<float>(p, a);
+  }
+}
+
+}  // namespace tileattn::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tileattn::cpu {
+
+HWY_EXPORT(FlashBackward);
+
+void flash_backward(const Problem& p, const BackwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a); }
+
+// D per query row and head, and one fp32 dQ partial per key group: O(N).
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
+  const std::size_t rows = static_cast<std::size_t>(flash::total_q_rows(p, a)) * p.heads_q;
+  return sizeof(float) * rows * (1 + static_cast<std::size_t>(flash::backward_key_groups(p)) * flash::padded(p.hdim_qk));
+}
+
+}  // namespace tileattn::cpu
+#endif

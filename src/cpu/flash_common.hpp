@@ -1,0 +1,82 @@
+// Target-independent pieces of the CPU flash kernels: tile sizes, per-thread tiles, the call's
+// workspace, and the split counts that decide how much workspace a call needs.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "core/scratch.hpp"
+
+namespace tileattn::cpu::flash {
+
+// Query rows per tile (the vector lanes of every softmax step) and keys per tile. 64 x 64 fp32
+// score tiles and head dims up to 128 keep a tile's working set in L2; Br is a multiple of two
+// vectors on every target (16 lanes with AVX-512).
+inline constexpr int kBr = 64;
+inline constexpr int kBc = 64;
+
+// Head dims rounded up to 16 floats, so a row-major tile of them is whole vectors on any target.
+inline int padded(int d) { return (d + 15) / 16 * 16; }
+
+// Per-thread tile memory: grown on demand and kept for the thread's life (a few hundred KiB,
+// independent of the sequence length), counted in memory_stats like all host scratch.
+inline float* thread_tiles(std::size_t floats) {
+  thread_local Scratch tiles;
+  if (tiles.bytes() < floats * sizeof(float)) tiles = Scratch(floats * sizeof(float));
+  return tiles.as<float>();
+}
+
+// The call's O(N) workspace: the caller's when given and large enough, else allocated here.
+class Workspace {
+ public:
+  Workspace(const Options& o, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (o.workspace != nullptr && o.workspace_bytes >= bytes) {
+      base_ = static_cast<char*>(o.workspace);
+    } else {
+      own_ = Scratch(bytes);
+      base_ = own_.as<char>();
+    }
+  }
+  // Carves the next n floats.
+  float* floats(std::size_t n) {
+    float* f = reinterpret_cast<float*>(base_ + used_);
+    used_ += n * sizeof(float);
+    return f;
+  }
+
+ private:
+  Scratch own_;
+  char* base_ = nullptr;
+  std::size_t used_ = 0;
+};
+
+// Query rows of the packed (varlen) or batched layout: where row i of sequence b lives in the
+// backward's fp32 buffers.
+inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
+  return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
+}
+
+// Backward: the key blocks of each (sequence, KV head) are dealt round-robin to this many tasks,
+// each with its own fp32 dQ partial, summed in a fixed order at the end. It depends on the problem
+// shape only, never on the thread count, so results are bitwise reproducible everywhere.
+inline int backward_key_groups(const Problem& p) {
+  const std::int64_t heads = static_cast<std::int64_t>(p.batch) * p.heads_kv;
+  const int blocks = std::max(1, (p.seqlen_k + kBc - 1) / kBc);
+  const std::int64_t want = (64 + heads - 1) / std::max<std::int64_t>(heads, 1);
+  return static_cast<int>(std::clamp<std::int64_t>(want, 1, std::min(8, blocks)));
+}
+
+// Decode: KV splits per (sequence, KV head). Enough tasks to fill a large machine, but no split
+// shorter than a few tiles.
+inline int decode_splits(const Problem& p, const Options& o) {
+  if (o.num_splits > 0) return o.num_splits;
+  const std::int64_t heads = static_cast<std::int64_t>(p.batch) * p.heads_kv;
+  const std::int64_t want = (64 + heads - 1) / std::max<std::int64_t>(heads, 1);
+  const int by_len = std::max(1, p.seqlen_k / (4 * kBc));
+  return static_cast<int>(std::clamp<std::int64_t>(want, 1, by_len));
+}
+
+}  // namespace tileattn::cpu::flash

@@ -1,0 +1,395 @@
+// Vector building blocks of the CPU flash kernels, compiled once per SIMD target (Highway's
+// foreach_target re-includes this file): the register-blocked tile product, exp2, row loads with
+// fp16/bf16 widened in registers, the score pipeline of a tile, and the online-softmax attention of
+// one query tile that the forward and the decode share.
+//
+// Tiles keep the query row as the vector lane: scores are stored transposed, S^T [keys][Br], so
+// row maxima, sums, rescales and per-row mask bounds are plain vertical vector ops with no
+// horizontal reductions.
+
+#if defined(TILEATTN_FLASH_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TILEATTN_FLASH_SIMD_INL_H_
+#undef TILEATTN_FLASH_SIMD_INL_H_
+#else
+#define TILEATTN_FLASH_SIMD_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "common/half.hpp"
+#include "common/mask.hpp"
+#include "common/philox.hpp"
+#include "common/score_mod.hpp"
+#include "cpu/flash_common.hpp"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tileattn::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using flash::kBc;
+using flash::kBr;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Rows of the micro-kernel: the accumulators are kMR x 2 vectors, which with the two B vectors
+// and the broadcast fill the register file (16 registers below AVX-512, 32 with it).
+#if HWY_TARGET <= HWY_AVX3
+inline constexpr int kMR = 12;
+#else
+inline constexpr int kMR = 6;
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// C[M][cols] (+)= A[M][K] B[K][cols]; cols a multiple of the vector width, A read as scalars at
+// A[m * sm + k * sk] (so either operand order of a transposed tile works), B and C row-major.
+// With colscale, C is first multiplied column-wise by it (the online-softmax rescale).
+
+template <int MR, int NV>
+HWY_INLINE void Micro(const float* HWY_RESTRICT A, std::ptrdiff_t sm, std::ptrdiff_t sk,
+                      const float* HWY_RESTRICT B, std::ptrdiff_t ldb, float* HWY_RESTRICT C,
+                      std::ptrdiff_t ldc, int K, const float* HWY_RESTRICT colscale, bool acc) {
+  const DF d;
+  constexpr std::size_t N = hn::MaxLanes(DF());
+  VF c[MR][NV];
+  if (acc) {
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) c[m][v] = hn::LoadU(d, C + m * ldc + v * N);
+    if (colscale) {
+      for (int v = 0; v < NV; ++v) {
+        const VF s = hn::LoadU(d, colscale + v * N);
+        for (int m = 0; m < MR; ++m) c[m][v] = hn::Mul(c[m][v], s);
+      }
+    }
+  } else {
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) c[m][v] = hn::Zero(d);
+  }
+  for (int k = 0; k < K; ++k) {
+    VF b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = hn::LoadU(d, B + k * ldb + v * N);
+    const float* a = A + k * sk;
+    for (int m = 0; m < MR; ++m) {
+      const VF am = hn::Set(d, a[m * sm]);
+      for (int v = 0; v < NV; ++v) c[m][v] = hn::MulAdd(am, b[v], c[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) hn::StoreU(c[m][v], d, C + m * ldc + v * N);
+}
+
+template <int MR, int NV>
+HWY_INLINE void MicroTail(int rows, const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const float* B,
+                          std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc, int K, const float* colscale,
+                          bool acc) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return Micro<MR, NV>(A, sm, sk, B, ldb, C, ldc, K, colscale, acc);
+    MicroTail<MR - 1, NV>(rows, A, sm, sk, B, ldb, C, ldc, K, colscale, acc);
+  }
+}
+
+template <int NV>
+HWY_INLINE void GemmPanel(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const float* B,
+                          std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc, int M, int K,
+                          const float* colscale, bool acc) {
+  int m = 0;
+  for (; m + kMR <= M; m += kMR)
+    Micro<kMR, NV>(A + m * sm, sm, sk, B, ldb, C + m * ldc, ldc, K, colscale, acc);
+  if (m < M) MicroTail<kMR - 1, NV>(M - m, A + m * sm, sm, sk, B, ldb, C + m * ldc, ldc, K, colscale, acc);
+}
+
+HWY_INLINE void Gemm(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const float* B, std::ptrdiff_t ldb,
+                     float* C, std::ptrdiff_t ldc, int M, int cols, int K, const float* colscale = nullptr,
+                     bool acc = true) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  if (M <= 0) return;
+  if (K <= 0 && acc && !colscale) return;
+  int c = 0;
+  for (; c + 2 * N <= cols; c += 2 * N)
+    GemmPanel<2>(A, sm, sk, B + c, ldb, C + c, ldc, M, K, colscale ? colscale + c : nullptr, acc);
+  for (; c < cols; c += N)
+    GemmPanel<1>(A, sm, sk, B + c, ldb, C + c, ldc, M, K, colscale ? colscale + c : nullptr, acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2^x for x <= 128, exactly 0 below -126 (so exp2(-inf) = 0): round-to-nearest range reduction
+// and the degree-7 Taylor polynomial of 2^f on [-0.5, 0.5] (truncation error ~5e-9).
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const auto tiny = hn::Lt(x, hn::Set(d, -126.f));
+  x = hn::Max(x, hn::Set(d, -126.f));
+  const VF n = hn::Round(x);
+  const VF f = hn::Sub(x, n);
+  VF p = hn::Set(d, 1.525273380405984e-05f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.5403530393381606e-04f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618129107628477e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550410866482158e-02f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402265069591007e-01f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931471805599453e-01f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.f));
+  const auto e = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  return hn::IfThenZeroElse(tiny, hn::Mul(p, hn::BitCast(d, e)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows of the input dtype widened to fp32 in registers. Head dims are multiples of 8, so the tail
+// after whole vectors is whole 8-lane (or narrower) vectors.
+
+template <class D, class T>
+HWY_INLINE hn::Vec<D> LoadF32(D d, const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(d, p);
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, D>(), p));
+  }
+}
+
+template <class T>
+HWY_INLINE void LoadRow(const T* HWY_RESTRICT src, float* HWY_RESTRICT dst, int n) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  int c = 0;
+  for (; c + N <= n; c += N) hn::StoreU(LoadF32(d, src + c), d, dst + c);
+  const hn::CappedTag<float, 8> d8;
+  constexpr int N8 = static_cast<int>(hn::MaxLanes(hn::CappedTag<float, 8>()));
+  for (; c < n; c += N8) hn::StoreU(LoadF32(d8, src + c), d8, dst + c);
+}
+
+// Outputs are O(N) next to the O(N^2) work; they round to nearest even through the scalar
+// conversions every other path of the library uses.
+template <class T>
+HWY_INLINE void StoreRow(const float* src, T* dst, int n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+  } else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    auto* u = reinterpret_cast<std::uint16_t*>(dst);
+    for (int c = 0; c < n; ++c) u[c] = f32_to_bf16(src[c]);
+  } else {
+    auto* u = reinterpret_cast<std::uint16_t*>(dst);
+    for (int c = 0; c < n; ++c) u[c] = f32_to_f16(src[c]);
+  }
+}
+
+// Loads rows [j0, j0 + n) (row(j) gives each one's address) into a dense fp32 tile [n][ld];
+// columns past `width` up to ld are zeroed.
+template <class T, class RowFn>
+HWY_INLINE void LoadTile(RowFn row, int j0, int n, int width, int ld, float* tile) {
+  for (int j = 0; j < n; ++j) {
+    LoadRow(row(j0 + j), tile + j * ld, width);
+    for (int c = width; c < ld; ++c) tile[j * ld + c] = 0.f;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-row facts of one query tile (lane r = row r of the tile). Padding rows have an empty key
+// range, so every key is masked for them.
+struct TileRows {
+  int n = 0;                      // valid rows
+  float kb[kBr], ke[kBr];         // visible keys [kb, ke) as floats (exact below 2^24)
+  float pos[kBr];                 // i + diag_offset: the ALiBi distance origin
+  float slope2[kBr];              // ALiBi slope in log2 units
+  std::uint32_t bh[kBr], i[kBr];  // dropout coordinates
+  int key_lo = 0, key_hi = 0;     // union of the rows' key ranges
+  int kb_max = 0, ke_min = 0;     // intersection: tiles inside it need no per-element mask
+
+  void reset() {
+    any_ = false;
+    key_lo = key_hi = kb_max = 0;
+    ke_min = std::numeric_limits<int>::max();
+  }
+  // Row r is query row `row` of a sequence with mask m; empty rows never widen the key range.
+  void set(int r, const Mask& m, int row, float slope, std::uint32_t bh_r) {
+    const int b = m.key_begin(row), e = m.key_end(row);
+    kb[r] = static_cast<float>(b);
+    ke[r] = static_cast<float>(e);
+    pos[r] = static_cast<float>(row + m.diag_offset);
+    slope2[r] = slope * kLog2e;
+    bh[r] = bh_r;
+    i[r] = static_cast<std::uint32_t>(row);
+    if (e > b) {
+      key_lo = any_ ? std::min(key_lo, b) : b;
+      key_hi = any_ ? std::max(key_hi, e) : e;
+      any_ = true;
+    }
+    kb_max = std::max(kb_max, b);
+    ke_min = std::min(ke_min, e);
+  }
+  // Marks rows [n, kBr) as padding.
+  void finish(int rows) {
+    n = rows;
+    for (int r = rows; r < kBr; ++r) {
+      kb[r] = ke[r] = pos[r] = slope2[r] = 0.f;
+      bh[r] = i[r] = 0;
+    }
+  }
+  // Whether keys [j0, j1) are visible to every row, padding aside.
+  bool full(int j0, int j1) const { return j0 >= kb_max && j1 <= ke_min; }
+
+ private:
+  bool any_ = false;
+};
+
+// The score pipeline of a tile of transposed raw products S^T [nk][kBr] (keys j0..j0+nk):
+// scale, softcap, ALiBi, mask, in log2 units (score * log2 e), in place. With softcap and `t`,
+// the tanh values are kept for the backward's derivative.
+template <bool kSoftcap, bool kAlibi, bool kMasked>
+HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, float* t, int j0, int nk) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  const VF to_log2 = hn::Set(d, sm.scale * kLog2e);
+  const VF inner = hn::Set(d, kSoftcap ? sm.scale / sm.softcap : 0.f);
+  const VF outer = hn::Set(d, kSoftcap ? sm.softcap * kLog2e : 0.f);
+  const VF neg_inf = hn::Set(d, -kInf);
+  for (int v = 0; v < kBr; v += N) {
+    const VF kb = hn::LoadU(d, rows.kb + v), ke = hn::LoadU(d, rows.ke + v);
+    const VF pos = hn::LoadU(d, rows.pos + v), slope = hn::LoadU(d, rows.slope2 + v);
+    for (int jj = 0; jj < nk; ++jj) {
+      const VF jf = hn::Set(d, static_cast<float>(j0 + jj));
+      VF x = hn::LoadU(d, S + jj * kBr + v);
+      if constexpr (kSoftcap) {
+        const VF th = hn::Tanh(d, hn::Mul(x, inner));
+        if (t) hn::StoreU(th, d, t + jj * kBr + v);
+        x = hn::Mul(th, outer);
+      } else {
+        x = hn::Mul(x, to_log2);
+      }
+      if constexpr (kAlibi) x = hn::NegMulAdd(slope, hn::Abs(hn::Sub(pos, jf)), x);
+      if constexpr (kMasked) x = hn::IfThenElse(hn::And(hn::Ge(jf, kb), hn::Lt(jf, ke)), x, neg_inf);
+      hn::StoreU(x, d, S + jj * kBr + v);
+    }
+  }
+}
+
+// ALiBi slopes come per row from `rows` (a GQA-packed decode tile mixes heads); `alibi` says on.
+HWY_INLINE void ScoreTile(const ScoreMod& sm, bool alibi, const TileRows& rows, float* S, float* t, int j0,
+                          int nk, bool masked) {
+  const bool cap = sm.softcap > 0.f;
+  if (cap) {
+    if (alibi) return masked ? ScoreTileT<true, true, true>(sm, rows, S, t, j0, nk) : ScoreTileT<true, true, false>(sm, rows, S, t, j0, nk);
+    return masked ? ScoreTileT<true, false, true>(sm, rows, S, t, j0, nk) : ScoreTileT<true, false, false>(sm, rows, S, t, j0, nk);
+  }
+  if (alibi) return masked ? ScoreTileT<false, true, true>(sm, rows, S, t, j0, nk) : ScoreTileT<false, true, false>(sm, rows, S, t, j0, nk);
+  return masked ? ScoreTileT<false, false, true>(sm, rows, S, t, j0, nk) : ScoreTileT<false, false, false>(sm, rows, S, t, j0, nk);
+}
+
+// Zeroes the dropped elements of a probability tile P^T [nk][kBr] (keys from j0).
+HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, int j0, int nk) {
+  for (int r = 0; r < rows.n; ++r) {
+    unsigned bits = 0;
+    for (int jj = 0; jj < nk; ++jj) {
+      const int j = j0 + jj;
+      if (jj == 0 || (j & 3) == 0) bits = drop.keep4(rows.bh[r], rows.i[r], static_cast<std::uint32_t>(j) >> 2);
+      if (!((bits >> (j & 3)) & 1u)) P[jj * kBr + r] = 0.f;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
+// [lo, hi)); qrow(r, dst) writes query row r as fp32. S = Q K^T and O += P V per key tile, fully masked tiles skipped, only tiles that cut a
+// row's key range masked per element. Per valid row r it calls emit(r, o, lse) with o the
+// normalized output row (fp32, dv values) and lse in natural log; rows with no visible key get
+// o = 0 and lse = -inf.
+
+struct AttendShape {
+  int d = 0, dv = 0;
+  ScoreMod sm;
+  bool alibi = false;
+  bool dropout = false;
+  Dropout drop;
+};
+
+// Floats of per-thread tiles AttendTile needs.
+inline std::size_t attend_tile_floats(int d, int dv) {
+  return static_cast<std::size_t>(d) * kBr + static_cast<std::size_t>(kBc) * d +
+         static_cast<std::size_t>(kBc) * dv + static_cast<std::size_t>(kBc) * kBr +
+         static_cast<std::size_t>(dv) * kBr + 3 * kBr + std::max(d, dv);
+}
+
+template <class T, class QRow, class KRow, class VRow, class Emit>
+HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow, int lo,
+                           int hi, float* tiles, Emit emit) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  const int D = sh.d, DV = sh.dv;
+  float* QT = tiles;                  // [D][kBr]
+  float* Kt = QT + D * kBr;           // [kBc][D]
+  float* Vt = Kt + kBc * D;           // [kBc][DV]
+  float* S = Vt + kBc * DV;           // [kBc][kBr]
+  float* OT = S + kBc * kBr;          // [DV][kBr]
+  float* m = OT + DV * kBr;           // [kBr] running max (log2 units)
+  float* l = m + kBr;                 // [kBr] running sum
+  float* alpha = l + kBr;             // [kBr] rescale of this step
+  float* row = alpha + kBr;           // [max(D, DV)] one row
+
+  // Q^T, padding rows zero.
+  for (int r = 0; r < kBr; ++r) {
+    if (r < rows.n) {
+      qrow(r, row);
+      for (int c = 0; c < D; ++c) QT[c * kBr + r] = row[c];
+    } else {
+      for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
+    }
+  }
+  for (int v = 0; v < kBr; v += N) {
+    hn::StoreU(hn::Set(d, -kInf), d, m + v);
+    hn::StoreU(hn::Zero(d), d, l + v);
+  }
+
+  const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
+  bool first = true;
+  for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
+    const int nk = std::min(kBc, key_hi - j0);
+    LoadTile<T>(krow, j0, nk, D, D, Kt);
+    LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
+    Gemm(Kt, D, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk));
+    for (int v = 0; v < kBr; v += N) {
+      VF mt = hn::Set(d, -kInf);
+      for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
+      const VF m_old = hn::LoadU(d, m + v);
+      const VF m_new = hn::Max(m_old, mt);
+      // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its terms at 0.
+      const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
+      VF sum = hn::Zero(d);
+      for (int jj = 0; jj < nk; ++jj) {
+        const VF pj = Exp2(d, hn::Sub(hn::LoadU(d, S + jj * kBr + v), m_safe));
+        hn::StoreU(pj, d, S + jj * kBr + v);
+        sum = hn::Add(sum, pj);
+      }
+      const VF a = Exp2(d, hn::Sub(m_old, m_safe));
+      hn::StoreU(a, d, alpha + v);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, l + v), a, sum), d, l + v);
+      hn::StoreU(m_new, d, m + v);
+    }
+    if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
+    Gemm(Vt, 1, DV, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
+    first = false;
+  }
+
+  const float keep_scale = sh.dropout ? sh.drop.keep_scale : 1.f;
+  for (int r = 0; r < rows.n; ++r) {
+    if (first || !(l[r] > 0.f)) {
+      for (int c = 0; c < DV; ++c) row[c] = 0.f;
+      emit(r, row, -kInf);
+      continue;
+    }
+    const float inv = keep_scale / l[r];
+    for (int c = 0; c < DV; ++c) row[c] = OT[c * kBr + r] * inv;
+    emit(r, row, (m[r] + std::log2(l[r])) * kLn2);
+  }
+}
+
+}  // namespace tileattn::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard

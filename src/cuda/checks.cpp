@@ -1,0 +1,98 @@
+// What the cuda backend cannot take, for the core's validation to report: tensors that are not in
+// this device's memory, dtypes and head dims without a kernel, and addresses or strides that break
+// the kernels' 16-byte vector accesses.
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "core/backends.hpp"
+#include "cuda/fwd_launch.hpp"
+
+namespace tileattn::cuda {
+namespace {
+
+std::string where_is(const char* name, const TensorView& t) {
+  if (!t.present() || t.numel() == 0) return {};
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, t.data);
+  std::ostringstream os;
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error this query leaves
+    os << name << ": cannot query its pointer " << t.data << " (" << cudaGetErrorString(e) << ")";
+  } else if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    os << name << " = " << t.data << " is a host pointer but " << name << ".device is cuda:" << t.device.index;
+  } else if (attr.device != t.device.index) {
+    os << name << " = " << t.data << " is on cuda:" << attr.device << " but " << name << ".device is cuda:"
+       << t.device.index;
+  }
+  return os.str();
+}
+
+// The tile loads and stores move 8 elements (16 bytes) at a time.
+std::string vector_aligned(const char* name, const TensorView& t) {
+  if (!t.present() || t.numel() == 0) return {};
+  std::ostringstream os;
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
+  if (addr % 16 != 0) {
+    os << name << " = " << t.data << " is not 16-byte aligned (the cuda backend loads 16 bytes at a time)";
+    return os.str();
+  }
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % 8 != 0) {
+      os << name << ".stride[" << d << "] = " << t.stride[d]
+         << " is not a multiple of 8 elements (the cuda backend loads 16 bytes at a time)";
+      return os.str();
+    }
+  return {};
+}
+
+}  // namespace
+
+std::string check_forward(const Problem& p, const ForwardArgs& a) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend supports f16 and bf16";
+  const int hdim = p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v;
+  if (forward_instance_hdim(p.dtype, hdim) == 0) {
+    std::ostringstream os;
+    os << "head_dim " << hdim << " with dtype " << dtype_name(p.dtype)
+       << " has no cuda forward kernel in this build (see TILEATTN_CUDA_DTYPES / TILEATTN_CUDA_HDIMS)";
+    return os.str();
+  }
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
+      {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}};
+  for (const auto& [name, t] : all)
+    if (auto m = where_is(name, *t); !m.empty()) return m;
+  for (const auto& [name, t] : all)
+    if (t->dtype != DType::f32 && t->dtype != DType::i32)
+      if (auto m = vector_aligned(name, *t); !m.empty()) return m;
+  return {};
+}
+
+std::string check_decode(const Problem& p, const DecodeArgs& a) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend decodes f16 and bf16";
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"page_table", &a.page_table},
+      {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new}, {"rotary_cos", &a.rotary_cos},
+      {"rotary_sin", &a.rotary_sin}, {"out", &a.out}, {"lse", &a.lse}, {"alibi_slopes", &a.alibi_slopes}};
+  for (const auto& [name, t] : all)
+    if (auto m = where_is(name, *t); !m.empty()) return m;
+  // The kernels read q and the caches 16 bytes at a time; the rest element by element.
+  for (const auto& [name, t] : {std::pair{"q", &a.q}, std::pair{"k_cache", &a.k_cache}, std::pair{"v_cache", &a.v_cache}})
+    if (auto m = vector_aligned(name, *t); !m.empty()) return m;
+  return {};
+}
+
+std::string check_combine(const Problem&, const CombineArgs& a) {
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}, {"out", &a.out}, {"lse", &a.lse}};
+  for (const auto& [name, t] : all)
+    if (auto m = where_is(name, *t); !m.empty()) return m;
+  return {};
+}
+
+}  // namespace tileattn::cuda

@@ -1,0 +1,254 @@
+// Host side of GPU decoding: append (+ rotary), the split-KV pass, and the LSE combine, all
+// stream-ordered with no host synchronization, so the call can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/backends.hpp"
+#include "tileattn/error.hpp"
+#include "cuda/decode/append_kernel.cuh"
+#include "cuda/decode/combine_kernel.cuh"
+#include "cuda/decode/split_kv_kernel.cuh"
+#include "cuda/runtime.hpp"
+
+namespace tileattn::cuda {
+namespace {
+
+using decoding::AppendParams;
+using decoding::CombineParams;
+using decoding::Params;
+
+constexpr int kWarps = 4;
+constexpr int kMinKeysPerSplit = 256;
+
+int rows_per_block(const Problem& p) {
+  const int rows = p.seqlen_q * p.group();
+  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+}
+
+int padded_dim(const Problem& p) {
+  const int d = std::max(p.hdim_qk, p.hdim_v);
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+// The split-KV kernel for a problem's dtype, padded head dim and rows per block, as a function
+// pointer with its shared memory, so the host can ask for its occupancy and launch it.
+struct Kernel {
+  void (*fn)(Params);
+  std::size_t smem;
+};
+
+template <class T, int D, int ROWS>
+Kernel kernel_for() {
+  using Shape = decoding::SplitKvShape<D, ROWS, kWarps>;
+  static const Kernel k = [] {
+    Kernel kk{&decoding::split_kv_kernel<T, D, ROWS, kWarps>, Shape::kSmemBytes};
+    check(cudaFuncSetAttribute(kk.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kk.smem)),
+          "cudaFuncSetAttribute (decode shared memory)");
+    return kk;
+  }();
+  return k;
+}
+
+template <class T, int D>
+Kernel kernel_rows(int rows) {
+  switch (rows) {
+    case 1: return kernel_for<T, D, 1>();
+    case 2: return kernel_for<T, D, 2>();
+    case 4: return kernel_for<T, D, 4>();
+    default: return kernel_for<T, D, 8>();
+  }
+}
+
+template <class T>
+Kernel kernel_dim(int d, int rows) {
+  switch (d) {
+    case 64: return kernel_rows<T, 64>(rows);
+    case 128: return kernel_rows<T, 128>(rows);
+    default: return kernel_rows<T, 256>(rows);
+  }
+}
+
+Kernel select_kernel(const Problem& p) {
+  return p.dtype == DType::f16 ? kernel_dim<__half>(padded_dim(p), rows_per_block(p))
+                               : kernel_dim<__nv_bfloat16>(padded_dim(p), rows_per_block(p));
+}
+
+// Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy
+// times the SM count) without spilling into a second, but never splits shorter than
+// kMinKeysPerSplit keys, whose partials would cost more to merge than they save. No split when the
+// (batch, KV head, row chunk) grid already fills the GPU.
+int choose_splits(const Problem& p, const Options& o) {
+  if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.seqlen_k));
+  const int rows = p.seqlen_q * p.group(), rpb = rows_per_block(p);
+  const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + rpb - 1) / rpb);
+  const Kernel k = select_kernel(p);
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kWarps * 32, k.smem), "decode occupancy");
+  const long wave = static_cast<long>(std::max(per_sm, 1)) * device_sm_count();
+  if (base == 0 || base >= wave) return 1;
+  const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+  return static_cast<int>(std::max<long>(1, std::min<long>(max_splits, wave / base)));
+}
+
+struct Layout {
+  int splits;
+  std::size_t out_partial, lse_partial, q_rot, total;  // byte offsets and size
+};
+
+Layout layout(const Problem& p, const Options& o) {
+  Layout w{};
+  w.splits = choose_splits(p, o);
+  const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads_q;
+  auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  std::size_t at = 0;
+  w.out_partial = at;
+  if (w.splits > 1) at += align(w.splits * rows * p.hdim_v * sizeof(float));
+  w.lse_partial = at;
+  if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
+  w.q_rot = at;
+  if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
+  w.total = at;
+  return w;
+}
+
+template <class T>
+void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws, cudaStream_t s) {
+  AppendParams ap{};
+  ap.k = a.k_cache.data;
+  ap.v = a.v_cache.data;
+  ap.k_b = a.k_cache.stride[0], ap.k_s = a.k_cache.stride[1], ap.k_h = a.k_cache.stride[2];
+  ap.v_b = a.v_cache.stride[0], ap.v_s = a.v_cache.stride[1], ap.v_h = a.v_cache.stride[2];
+  if (p.paged) {
+    ap.page_table = a.page_table.ptr<const int>();
+    ap.pt_b = a.page_table.stride[0], ap.pt_p = a.page_table.stride[1];
+    ap.page_size = p.page_size;
+    ap.num_pages = static_cast<int>(a.k_cache.shape[0]);
+  }
+  ap.cache_seqlens = a.cache_seqlens.present() ? a.cache_seqlens.ptr<const int>() : nullptr;
+  ap.capacity = p.seqlen_k;
+  ap.seqlen_new = p.seqlen_new;
+  ap.heads_kv = p.heads_kv, ap.hdim_qk = p.hdim_qk, ap.hdim_v = p.hdim_v;
+  ap.rotary_dim = p.rotary_dim;
+  if (p.rotary_dim) {
+    ap.cos = a.rotary_cos.data, ap.sin = a.rotary_sin.data;
+    ap.cos_s = a.rotary_cos.stride[0], ap.sin_s = a.rotary_sin.stride[0];
+    ap.interleaved = a.rotary_interleaved;
+  }
+  const int pair_threads = (std::max(p.hdim_qk, p.hdim_v) / 2 + 31) / 32 * 32;
+  if (p.seqlen_new > 0 && p.batch > 0) {
+    ap.k_new = a.k_new.data, ap.v_new = a.v_new.data;
+    ap.kn_b = a.k_new.stride[0], ap.kn_s = a.k_new.stride[1], ap.kn_h = a.k_new.stride[2];
+    ap.vn_b = a.v_new.stride[0], ap.vn_s = a.v_new.stride[1], ap.vn_h = a.v_new.stride[2];
+    decoding::append_kernel<T><<<p.batch * p.seqlen_new * p.heads_kv, pair_threads, 0, s>>>(ap);
+    check_launch("decode append");
+  }
+
+  Params prm{};
+  prm.q = a.q.data;
+  prm.q_b = a.q.stride[0], prm.q_i = a.q.stride[1], prm.q_h = a.q.stride[2];
+  if (p.rotary_dim && p.batch * p.seqlen_q > 0) {
+    ap.q = a.q.data;
+    ap.q_b = a.q.stride[0], ap.q_i = a.q.stride[1], ap.q_h = a.q.stride[2];
+    ap.q_rot = ws + w.q_rot;
+    ap.seqlen_q = p.seqlen_q, ap.heads_q = p.heads_q;
+    ap.q_per_row = p.rotary_per_row;
+    decoding::rotate_q_kernel<T><<<p.batch * p.seqlen_q * p.heads_q, pair_threads, 0, s>>>(ap);
+    check_launch("decode rotary q");
+    prm.q = ws + w.q_rot;
+    prm.q_h = p.hdim_qk, prm.q_i = static_cast<std::int64_t>(p.heads_q) * p.hdim_qk, prm.q_b = prm.q_i * p.seqlen_q;
+  }
+  prm.k = a.k_cache.data, prm.v = a.v_cache.data;
+  prm.k_b = ap.k_b, prm.k_s = ap.k_s, prm.k_h = ap.k_h;
+  prm.v_b = ap.v_b, prm.v_s = ap.v_s, prm.v_h = ap.v_h;
+  prm.page_table = ap.page_table, prm.pt_b = ap.pt_b, prm.pt_p = ap.pt_p;
+  prm.page_size = ap.page_size, prm.num_pages = ap.num_pages;
+  prm.cache_seqlens = ap.cache_seqlens;
+  prm.capacity = p.seqlen_k, prm.seqlen_new = p.seqlen_new;
+  prm.out = a.out.data;
+  prm.o_b = a.out.stride[0], prm.o_i = a.out.stride[1], prm.o_h = a.out.stride[2];
+  if (a.lse.present()) {
+    prm.lse = a.lse.ptr<float>();
+    prm.l_b = a.lse.stride[0], prm.l_h = a.lse.stride[1], prm.l_i = a.lse.stride[2];
+  }
+  prm.out_partial = reinterpret_cast<float*>(ws + w.out_partial);
+  prm.lse_partial = reinterpret_cast<float*>(ws + w.lse_partial);
+  if (p.has_alibi) {
+    prm.alibi = a.alibi_slopes.ptr<const float>();
+    prm.alibi_b = p.alibi_per_batch ? a.alibi_slopes.stride[0] : 0;
+    prm.alibi_h = a.alibi_slopes.stride[p.alibi_per_batch ? 1 : 0];
+  }
+  prm.batch = p.batch, prm.seqlen_q = p.seqlen_q, prm.heads_q = p.heads_q, prm.heads_kv = p.heads_kv;
+  prm.hdim_qk = p.hdim_qk, prm.hdim_v = p.hdim_v;
+  prm.splits = w.splits;
+  prm.keys_per_split = (p.seqlen_k + w.splits - 1) / w.splits;
+  prm.scale = p.scale, prm.softcap = p.softcap;
+  prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
+
+  const int rows = rows_per_block(p);
+  const int chunks = (p.seqlen_q * p.group() + rows - 1) / rows;
+  const dim3 grid(p.batch * chunks, p.heads_kv, w.splits);
+  if (grid.x == 0) return;
+  const Kernel k = select_kernel(p);
+  k.fn<<<grid, kWarps * 32, k.smem, s>>>(prm);
+  check_launch("decode split-kv");
+
+  if (w.splits > 1) {
+    const std::int64_t rows_all = static_cast<std::int64_t>(p.batch) * p.seqlen_q * p.heads_q;
+    CombineParams cp{};
+    cp.out_partial = prm.out_partial;
+    cp.op_s = rows_all * p.hdim_v, cp.op_b = static_cast<std::int64_t>(p.seqlen_q) * p.heads_q * p.hdim_v;
+    cp.op_i = static_cast<std::int64_t>(p.heads_q) * p.hdim_v, cp.op_h = p.hdim_v;
+    cp.lse_partial = prm.lse_partial;
+    cp.lp_s = rows_all, cp.lp_b = static_cast<std::int64_t>(p.heads_q) * p.seqlen_q, cp.lp_h = p.seqlen_q, cp.lp_i = 1;
+    cp.out = prm.out, cp.o_b = prm.o_b, cp.o_i = prm.o_i, cp.o_h = prm.o_h;
+    cp.lse = prm.lse, cp.l_b = prm.l_b, cp.l_h = prm.l_h, cp.l_i = prm.l_i;
+    cp.splits = w.splits, cp.seqlen_q = p.seqlen_q, cp.heads = p.heads_q, cp.hdim_v = p.hdim_v;
+    decoding::combine_kernel<T><<<static_cast<unsigned>(rows_all), 128, 0, s>>>(cp);
+    check_launch("decode combine");
+  }
+}
+
+}  // namespace
+
+std::size_t workspace_size(const Problem& p, const DecodeArgs& a) { return layout(p, a.options).total; }
+
+void decode(const Problem& p, const DecodeArgs& a) {
+  DeviceGuard device(a.q.device.index);
+  const cudaStream_t s = static_cast<cudaStream_t>(a.options.stream);
+  if (p.dtype == DType::f32) throw Error("tileattn::decode: the cuda backend decodes f16 and bf16 caches; got f32");
+  const Layout w = layout(p, a.options);
+  Workspace ws(a.options, w.total, s);
+  if (p.dtype == DType::f16)
+    run_decode<__half>(p, a, w, ws.data(), s);
+  else
+    run_decode<__nv_bfloat16>(p, a, w, ws.data(), s);
+}
+
+void combine(const Problem& p, const CombineArgs& a) {
+  DeviceGuard device(a.out.device.index);
+  const cudaStream_t s = static_cast<cudaStream_t>(a.options.stream);
+  CombineParams cp{};
+  const TensorView &op = a.out_partial, &lp = a.lse_partial;
+  cp.out_partial = op.ptr<const float>();
+  cp.op_s = op.stride[0], cp.op_b = op.stride[1], cp.op_i = op.stride[2], cp.op_h = op.stride[3];
+  cp.lse_partial = lp.ptr<const float>();
+  cp.lp_s = lp.stride[0], cp.lp_b = lp.stride[1], cp.lp_h = lp.stride[2], cp.lp_i = lp.stride[3];
+  cp.out = a.out.data, cp.o_b = a.out.stride[0], cp.o_i = a.out.stride[1], cp.o_h = a.out.stride[2];
+  if (a.lse.present()) {
+    cp.lse = a.lse.ptr<float>();
+    cp.l_b = a.lse.stride[0], cp.l_h = a.lse.stride[1], cp.l_i = a.lse.stride[2];
+  }
+  cp.splits = static_cast<int>(op.shape[0]), cp.seqlen_q = p.seqlen_q, cp.heads = p.heads_q, cp.hdim_v = p.hdim_v;
+  const unsigned rows = static_cast<unsigned>(p.batch * p.seqlen_q * p.heads_q);
+  if (rows == 0) return;
+  if (p.dtype == DType::f16)
+    decoding::combine_kernel<__half><<<rows, 128, 0, s>>>(cp);
+  else if (p.dtype == DType::bf16)
+    decoding::combine_kernel<__nv_bfloat16><<<rows, 128, 0, s>>>(cp);
+  else
+    decoding::combine_kernel<float><<<rows, 128, 0, s>>>(cp);
+  check_launch("combine");
+}
+
+}  // namespace tileattn::cuda

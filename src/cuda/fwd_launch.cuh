@@ -1,0 +1,55 @@
+// Tile shapes per head dim and the launch of the forward kernel; included by the generated
+// instantiation units only.
+#pragma once
+
+#include <string>
+
+#include <cutlass/numeric_types.h>
+
+#include "cuda/fwd_kernel.cuh"
+#include "cuda/fwd_launch.hpp"
+#include "tileattn/error.hpp"
+
+namespace tileattn::cuda {
+
+template <DType> struct ElementOf;
+template <> struct ElementOf<DType::f16> { using type = cutlass::half_t; };
+template <> struct ElementOf<DType::bf16> { using type = cutlass::bfloat16_t; };
+
+// (block_m, block_n, warps) per head dim: 128 query rows per block, 16 per warp slice; the key tile
+// shrinks and the warps double as the head dim grows, to bound registers and shared memory.
+template <class E, int D> struct FwdConfig;
+template <class E> struct FwdConfig<E, 64> { using type = FwdTraits<E, 64, 128, 128, 4>; };
+template <class E> struct FwdConfig<E, 96> { using type = FwdTraits<E, 96, 128, 64, 4>; };
+template <class E> struct FwdConfig<E, 128> { using type = FwdTraits<E, 128, 128, 64, 4>; };
+template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128, 64, 8>; };
+template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 128, 64, 8>; };
+
+inline void throw_on(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("tileattn::forward: ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class T, bool kMods, bool kEvenK>
+void launch_traits(const FwdParams& p, const FwdGrid& g) {
+  auto kernel = fwd_kernel<T, kMods, kEvenK>;
+  if (T::kSmemBytes > 48 * 1024)
+    throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+             "raising the kernel's shared-memory limit");
+  const dim3 grid((g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, g.batch, g.heads_q);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, g.stream>>>(p);
+  throw_on(cudaGetLastError(), "launching the forward kernel");
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_fwd(const FwdParams& p, const FwdGrid& g) {
+  using T = typename FwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  // The modifiers' kernel keeps its column checks: it is not the one that must be fast.
+  if (g.mods)
+    launch_traits<T, true, false>(p, g);
+  else if (p.d_qk == kHeadDim && p.d_v == kHeadDim)
+    launch_traits<T, false, true>(p, g);
+  else
+    launch_traits<T, false, false>(p, g);
+}
+
+}  // namespace tileattn::cuda

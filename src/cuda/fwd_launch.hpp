@@ -1,0 +1,24 @@
+// The forward kernel's instantiations as seen from host code: one launcher per (dtype, head dim),
+// defined in generated translation units (see CMakeLists.txt) and listed in fwd_instances.inc.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/fwd_params.hpp"
+#include "tileattn/tensor.hpp"
+
+namespace tileattn::cuda {
+
+struct FwdGrid {
+  int batch, heads_q, max_seqlen_q;
+  bool mods;  // softcap, ALiBi, dropout or a non-positive scale: the kernel variant that applies them
+  cudaStream_t stream;
+};
+
+template <DType kDtype, int kHeadDim>
+void launch_fwd(const FwdParams& p, const FwdGrid& g);
+
+// The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
+int forward_instance_hdim(DType dtype, int hdim);
+
+}  // namespace tileattn::cuda

@@ -1,0 +1,74 @@
+#include "cuda/runtime.hpp"
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backends.hpp"
+#include "tileattn/error.hpp"
+
+namespace tileattn::cuda {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(std::string("tileattn: CUDA error in ") + what + ": " + cudaGetErrorString(err));
+}
+
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+int device_sm_count() {
+  static std::mutex m;
+  static std::vector<int> counts;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> g(m);
+  if (static_cast<int>(counts.size()) <= dev) counts.resize(dev + 1, 0);
+  if (counts[dev] == 0)
+    check(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return counts[dev];
+}
+
+DeviceGuard::DeviceGuard(int index) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = 0;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+Workspace::Workspace(const Options& o, std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+  if (bytes == 0) return;
+  if (o.workspace && o.workspace_bytes >= bytes) {
+    data_ = static_cast<char*>(o.workspace);
+    return;
+  }
+  void* p = nullptr;
+  check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (call workspace)");
+  data_ = static_cast<char*>(p);
+  owned_ = true;
+}
+
+Workspace::~Workspace() {
+  if (owned_) cudaFreeAsync(data_, stream_);
+}
+
+std::vector<std::int32_t> read_i32(const TensorView& t) {
+  // Copy the span the view covers, then gather in logical order on the host.
+  const std::int64_t rows = t.ndim == 2 ? t.shape[0] : 1, cols = t.shape[t.ndim - 1];
+  const std::int64_t rs = t.ndim == 2 ? t.stride[0] : 0, cs = t.stride[t.ndim - 1];
+  std::vector<std::int32_t> out;
+  if (rows * cols == 0) return out;
+  const std::int64_t span = (rows - 1) * rs + (cols - 1) * cs + 1;
+  std::vector<std::int32_t> raw(span);
+  DeviceGuard device(t.device.index);
+  check(cudaMemcpy(raw.data(), t.data, span * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
+        "cudaMemcpy (reading index tensors to check them; see Options::check_device_indices)");
+  out.reserve(rows * cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out.push_back(raw[r * rs + c * cs]);
+  return out;
+}
+
+}  // namespace tileattn::cuda

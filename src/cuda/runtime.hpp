@@ -1,0 +1,50 @@
+// CUDA runtime glue shared by the CUDA backend's entry points: errors as tileattn::Error, the
+// current device, SM counts, and call workspace (caller-provided or stream-ordered allocation).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "tileattn/options.hpp"
+
+namespace tileattn::cuda {
+
+// Throws tileattn::Error naming `what` if err is not cudaSuccess.
+void check(cudaError_t err, const char* what);
+// Checks the launch that just happened (configuration errors surface here, asynchronously).
+void check_launch(const char* what);
+
+// Multiprocessors of the current device (cached per device).
+int device_sm_count();
+
+// Makes `index` the current device for the scope of a call.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// A call's scratch: the caller's options.workspace when it is large enough, otherwise a
+// stream-ordered allocation (cudaMallocAsync) freed on the same stream after the call's kernels,
+// which CUDA graphs can capture.
+class Workspace {
+ public:
+  Workspace(const Options& o, std::size_t bytes, cudaStream_t stream);
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  char* data_ = nullptr;
+  bool owned_ = false;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace tileattn::cuda

@@ -1,0 +1,253 @@
+// Random attention problems for the flash-vs-reference sweeps: a configuration drawn from a seed,
+// its host tensors, and the argument structs that point at them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/host_tensor.hpp"
+#include "tileattn/attention.hpp"
+
+namespace tileattn::test {
+
+struct Case {
+  DType dtype = DType::f32;
+  int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, seqlen_k = 1, hdim = 8, hdim_v = 8;
+  bool varlen = false, bhsd = false, alibi = false, alibi_per_batch = false;
+  std::vector<int> lens_q, lens_k;  // varlen: per-sequence lengths (seqlen_q/k = their maxima)
+  Options options;
+
+  std::string str() const {
+    std::ostringstream os;
+    os << "dtype=" << dtype_name(dtype) << " batch=" << batch << " heads=" << heads_q << "/" << heads_kv
+       << " seqlen=" << seqlen_q << "x" << seqlen_k << " hdim=" << hdim << "/" << hdim_v
+       << (varlen ? " varlen" : "") << (bhsd ? " bhsd" : "") << (options.causal ? " causal" : "")
+       << (options.align == MaskAlign::top_left ? " top_left" : "") << " window=(" << options.window_left << ","
+       << options.window_right << ") softcap=" << options.softcap << (alibi ? " alibi" : "")
+       << (alibi_per_batch ? "/batch" : "") << " dropout=" << options.dropout_p;
+    if (options.scale) os << " scale=" << *options.scale;
+    if (varlen) {
+      os << " lens_q=";
+      for (int l : lens_q) os << l << ",";
+      os << " lens_k=";
+      for (int l : lens_k) os << l << ",";
+    }
+    return os.str();
+  }
+};
+
+inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  Case c;
+  c.dtype = std::vector<DType>{DType::f32, DType::f16, DType::bf16}[uni(0, 2)];
+  c.batch = uni(1, 3);
+  c.heads_kv = uni(1, 3);
+  c.heads_q = c.heads_kv * std::vector<int>{1, 1, 2, 3, 4}[uni(0, 4)];
+  auto len = [&] {
+    const int kind = uni(0, 9);
+    return kind == 0 ? 1 : kind == 1 ? uni(60, 70) : uni(1, max_len);
+  };
+  c.seqlen_q = len();
+  c.seqlen_k = coin(0.3) ? c.seqlen_q : len();
+  // Head dims: mostly small (the oracle is O(N^2 d)), every multiple of 8 up to 256 reachable.
+  c.hdim = coin(0.8) ? 8 * uni(1, 12) : 8 * uni(13, 32);
+  c.hdim_v = coin(0.6) ? c.hdim : 8 * uni(1, 16);
+  if (c.hdim > 128 || c.hdim_v > 128) {
+    c.seqlen_q = std::min(c.seqlen_q, 80);
+    c.seqlen_k = std::min(c.seqlen_k, 80);
+  }
+  c.varlen = coin(0.25);
+  c.bhsd = !c.varlen && coin(0.3);
+  if (c.varlen) {
+    for (int b = 0; b < c.batch; ++b) {
+      c.lens_q.push_back(coin(0.15) ? 0 : uni(0, c.seqlen_q));
+      c.lens_k.push_back(coin(0.15) ? 0 : uni(0, c.seqlen_k));
+    }
+    c.seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+    c.seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+  }
+  Options& o = c.options;
+  o.backend = Backend::cpu_flash;
+  o.causal = coin(0.35);
+  o.align = coin(0.5) ? MaskAlign::bottom_right : MaskAlign::top_left;
+  if (coin(0.2)) {
+    o.window_left = uni(0, std::max(1, c.seqlen_k));
+    if (!o.causal) o.window_right = coin(0.5) ? -1 : uni(0, std::max(1, c.seqlen_k));
+  }
+  if (coin(0.2)) o.softcap = std::uniform_real_distribution<float>(2.f, 30.f)(rng);
+  if (coin(0.2)) {
+    c.alibi = true;
+    c.alibi_per_batch = coin(0.3);
+  }
+  if (coin(0.15)) {
+    o.dropout_p = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
+    o.seed = rng();
+    o.offset = rng();
+  }
+  if (coin(0.15)) o.scale = std::uniform_real_distribution<float>(0.02f, 0.4f)(rng);
+  return c;
+}
+
+// Host tensors of one case, filled with N(0, 1) inputs (slopes in (0, 0.5)).
+struct CaseTensors {
+  HostTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes;
+
+  explicit CaseTensors(const Case& c, std::mt19937_64& rng) {
+    const DType t = c.dtype;
+    const std::vector<int> order = c.bhsd ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{};
+    if (c.varlen) {
+      std::vector<std::int32_t> cq{0}, ck{0};
+      for (int b = 0; b < c.batch; ++b) {
+        cq.push_back(cq.back() + c.lens_q[b]);
+        ck.push_back(ck.back() + c.lens_k[b]);
+      }
+      const std::int64_t tq = cq.back(), tk = ck.back();
+      q = HostTensor(t, {tq, c.heads_q, c.hdim});
+      k = HostTensor(t, {tk, c.heads_kv, c.hdim});
+      v = HostTensor(t, {tk, c.heads_kv, c.hdim_v});
+      out = HostTensor(t, {tq, c.heads_q, c.hdim_v});
+      lse = HostTensor(DType::f32, {c.heads_q, tq});
+      cu_q = int_tensor(cq);
+      cu_k = int_tensor(ck);
+    } else {
+      q = HostTensor(t, {c.batch, c.seqlen_q, c.heads_q, c.hdim}, order);
+      k = HostTensor(t, {c.batch, c.seqlen_k, c.heads_kv, c.hdim}, order);
+      v = HostTensor(t, {c.batch, c.seqlen_k, c.heads_kv, c.hdim_v}, order);
+      out = HostTensor(t, {c.batch, c.seqlen_q, c.heads_q, c.hdim_v}, order);
+      lse = HostTensor(DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+    }
+    dout = HostTensor(t, out.shape(), c.varlen ? std::vector<int>{} : order);
+    dq = HostTensor(t, q.shape(), c.varlen ? std::vector<int>{} : order);
+    dk = HostTensor(t, k.shape(), c.varlen ? std::vector<int>{} : order);
+    dv = HostTensor(t, v.shape(), c.varlen ? std::vector<int>{} : order);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    dout.fill_normal(rng);
+    if (c.alibi) {
+      slopes = c.alibi_per_batch ? HostTensor(DType::f32, {c.batch, c.heads_q}) : HostTensor(DType::f32, {c.heads_q});
+      std::uniform_real_distribution<double> u(0.0, 0.5);
+      for (std::int64_t i = 0; i < slopes.numel(); ++i) slopes.set(i, u(rng));
+    }
+  }
+
+  ForwardArgs forward(const Case& c) const {
+    ForwardArgs a;
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.out = out.view();
+    a.lse = lse.view();
+    if (c.varlen) {
+      a.cu_seqlens_q = cu_q.view();
+      a.cu_seqlens_k = cu_k.view();
+      a.max_seqlen_q = c.seqlen_q;
+      a.max_seqlen_k = c.seqlen_k;
+    }
+    if (c.alibi) a.alibi_slopes = slopes.view();
+    a.options = c.options;
+    return a;
+  }
+
+  BackwardArgs backward(const Case& c) const {
+    const ForwardArgs f = forward(c);
+    BackwardArgs a;
+    a.q = f.q;
+    a.k = f.k;
+    a.v = f.v;
+    a.out = f.out;
+    a.lse = f.lse;
+    a.dout = dout.view();
+    a.dq = dq.view();
+    a.dk = dk.view();
+    a.dv = dv.view();
+    a.cu_seqlens_q = f.cu_seqlens_q;
+    a.cu_seqlens_k = f.cu_seqlens_k;
+    a.max_seqlen_q = f.max_seqlen_q;
+    a.max_seqlen_k = f.max_seqlen_k;
+    a.alibi_slopes = f.alibi_slopes;
+    a.options = c.options;
+    return a;
+  }
+};
+
+// f32 paths: l2 error relative to the oracle's norm, or to an entry size of 1e-2 where the oracle is
+// nearly zero (a gradient that cancels exactly leaves only rounding noise).
+inline double f32_error(const std::vector<double>& x, const std::vector<double>& ref) {
+  if (ref.empty()) return 0;
+  double norm = 0;
+  for (double r : ref)
+    if (std::isfinite(r)) norm += r * r;
+  const double floor = 1e-2 * std::sqrt(static_cast<double>(ref.size()));
+  return rel_error(x, ref) * std::max(std::sqrt(norm), 1e-30) / std::max(std::sqrt(norm), floor);
+}
+
+// Unit roundoff of a dtype.
+inline double unit_roundoff(DType t) {
+  return t == DType::bf16 ? 1.0 / 256 : t == DType::f16 ? 1.0 / 2048 : 1.0 / (1 << 24);
+}
+
+// The absolute floor of the tolerance rule: one ulp of the dtype at the oracle's magnitude (the
+// oracle is stored in the dtype too, so a correctly rounded result may sit one ulp off it), plus
+// `extra` for errors the algorithm cannot avoid (see backward_floor).
+inline double rule_floor(DType t, const std::vector<double>& oracle, double extra = 0) {
+  double m = 0;
+  for (double x : oracle)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return 2 * unit_roundoff(t) * std::max(m, 1e-3) + extra;
+}
+
+inline double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// The backward takes D = rowsum(dO * O) from the stored O (FlashAttention's definition), so O's
+// rounding to the dtype, and the fp32 summation order of dO.O against dO.V, move every dS_ij by
+// P_ij * dD_i, which the same-precision baseline (D = rowsum(P * dP)) never sees. Where the
+// gradient cancels (a row with a single visible key) that is all that is left. Bound on |dD_i|
+// times the largest factor each gradient multiplies it by.
+struct BackwardFloors {
+  double dq = 0, dk = 0;
+};
+inline BackwardFloors backward_floors(const Case& c, const CaseTensors& t) {
+  const std::vector<double> o = t.out.to_f64(), dout = t.dout.to_f64();
+  double g = 0;
+  for (std::size_t r = 0; r + c.hdim_v <= o.size(); r += c.hdim_v) {
+    double s = 0;
+    for (int col = 0; col < c.hdim_v; ++col) s += std::abs(o[r + col] * dout[r + col]);
+    g = std::max(g, s);
+  }
+  g *= unit_roundoff(c.dtype) + c.hdim_v * unit_roundoff(DType::f32);
+  const double scale = c.options.scale ? *c.options.scale : 1.0 / std::sqrt(static_cast<double>(c.hdim));
+  const double rows = std::sqrt(static_cast<double>(std::max(c.seqlen_q, 1))) * (c.heads_q / c.heads_kv);
+  const double keep = c.options.dropout_p > 0 ? 1.0 / (1.0 - c.options.dropout_p) : 1.0;
+  return {keep * g * scale * max_abs(t.k.to_f64()), keep * g * scale * max_abs(t.q.to_f64()) * rows};
+}
+
+// f32: within 1e-5 relative, or, where the result cancels to near zero and only rounding noise is
+// left, by the tolerance rule against fp32 standard attention. f16/bf16: by the tolerance rule.
+// baseline() runs the same-precision standard attention; it is called only when needed.
+template <class Baseline>
+::testing::AssertionResult close_to_oracle(DType dtype, const std::vector<double>& x, const std::vector<double>& oracle,
+                                           Baseline baseline, double extra_floor = 0) {
+  std::ostringstream os;
+  if (dtype == DType::f32) {
+    const double e = f32_error(x, oracle);
+    if (e <= 1e-5) return ::testing::AssertionSuccess();
+    os << "rel l2 error " << e << "; ";
+  }
+  const RuleResult r = check_rule(x, baseline(), oracle, rule_floor(dtype, oracle, extra_floor));
+  if (r.ok) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << os.str() << r.message;
+}
+
+}  // namespace tileattn::test

@@ -1,0 +1,21 @@
+# ctest driver: installs the built tree into a fresh prefix, then configures, builds and runs the
+# consumer project against that prefix alone.
+# Inputs: BUILD_DIR, SOURCE_DIR (this folder), WORK_DIR, GENERATOR, CXX.
+file(REMOVE_RECURSE "${WORK_DIR}")
+
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    string(JOIN " " cmd ${ARGN})
+    message(FATAL_ERROR "failed (${rc}): ${cmd}\n${out}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
+     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+step("${WORK_DIR}/build/consumer")
+message("${last_output}")
