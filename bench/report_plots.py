@@ -15,19 +15,23 @@ def impls_of(rows):
     return sorted({x["impl"] for x in rows}, key=lambda i: list(STYLE).index(i) if i in STYLE else len(STYLE))
 
 
-def skipped_note(rows, impl):
+def skipped_note(rows, impl, value):
     """'impl: reason' when every row of impl was skipped or failed, for the figure's footnote."""
     mine = [x for x in rows if x["impl"] == impl]
-    if mine and all(x.get("ms") is None for x in mine):
+    if mine and all(x.get(value) is None for x in mine):
         why = mine[0].get("skipped") or mine[0].get("error") or ""
         return f"{impl}: no rows ({why[:90]})"
     return None
 
 
-def footnote(fig, rows, doc):
-    notes = [n for n in (skipped_note(rows, i) for i in impls_of(rows)) if n]
+def footnote(fig, rows, doc, value="ms", prefix=""):
+    """Writes which implementations have no data and the run's identity under the plots; returns the
+    fraction of the figure's height it takes. rows may be a list of (prefix, rows) groups."""
+    groups = rows if rows and isinstance(rows[0], tuple) else [(prefix, rows)]
+    notes = [f"{pre}{n}" for pre, group in groups for n in (skipped_note(group, i, value) for i in impls_of(group)) if n]
     notes.append(f"{doc['device']}, {doc['date']}, commit {str(doc['commit'])[:10]}, torch {doc['torch']}")
     fig.text(0.01, 0.005, "\n".join(notes), fontsize=7, va="bottom")
+    return 0.02 + 0.13 * len(notes) / fig.get_figheight()
 
 
 def throughput(doc, grid, path):
@@ -53,8 +57,7 @@ def throughput(doc, grid, path):
                 ax.set_ylabel("TFLOP/s")
     handles = {h.get_label(): h for ax in axes.flat for h in ax.get_lines()}
     fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), fontsize=8)
-    footnote(fig, rows, doc)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.tight_layout(rect=(0, footnote(fig, rows, doc), 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -82,8 +85,7 @@ def decode(doc, grid, path):
     ax.set_title(f"{grid}: one query row, head dim {rows[0]['hdim'] if rows else ''}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    footnote(fig, rows, doc)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, footnote(fig, rows, doc), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -109,8 +111,8 @@ def memory(doc, path):
                      fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    footnote(fig, rows, doc)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, footnote(fig, [(f"{p}: ", [x for x in rows if x["pass"] == p]) for p in passes], doc,
+                                                "extra_bytes"), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
