@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two commands for a fresh machine:
 #   scripts/run.sh bench [flags]   install what is missing, build, run `tileattn bench [flags]`
-#   scripts/run.sh test  [args]    install what is missing, build, run the whole test suite (ctest)
+#   scripts/run.sh test  [args]    install what is missing, build, run the whole test suite (ctest,
+#                                  then the Python package's pytest suite)
 # TILEATTN_CMAKE_ARGS adds flags to the CMake configure step; JOBS sets the parallelism.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,5 @@ scripts/build.sh ${TILEATTN_CMAKE_ARGS:-}
 if [ "$what" = bench ]; then
   exec build/tileattn bench "$@"
 fi
-exec ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+exec scripts/python_tests.sh

@@ -37,6 +37,10 @@ sys.exit(m.version("nvidia-cutlass") != sys.argv[1])
 PY
 }
 
+# The Python package's tests run in a virtual environment (scripts/python_tests.sh).
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+
 need_cutlass=0
 if nvcc_found && ! cutlass_ok; then
   need_cutlass=1

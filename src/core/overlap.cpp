@@ -79,6 +79,7 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
 }
 
 bool view_self_overlaps(const TensorView& t) {
+  if (t.numel() == 0) return false;  // no elements, no two of them at one address
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // |stride|, size
   for (int d = 0; d < t.ndim; ++d)
     if (t.shape[d] > 1) dims.emplace_back(std::abs(t.stride[d]), t.shape[d]);

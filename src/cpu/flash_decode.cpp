@@ -82,7 +82,6 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
   sh.alibi = p.has_alibi;
   // Every query row at the cache length, or at consecutive positions when the mask is causal or
   // windowed (flash_attn_with_kvcache's rule, as the API documents).
-  const bool rotary_per_row = p.window_left >= 0 || p.window_right >= 0;
 
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_kv * splits * qtiles, [&](std::int64_t begin, std::int64_t end) {
     float* tiles = flash::thread_tiles(attend_tile_floats(D, DV));
@@ -118,7 +117,7 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
           [&](int r, float* dst) {
             const int h = g * group + (r0 + r) / sq, i = (r0 + r) % sq;
             LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) + elem(a.q, false, b, i, h) * es), dst, D);
-            if (p.rotary_dim > 0) rotate(dst, len + (rotary_per_row ? i : 0));
+            if (p.rotary_dim > 0) rotate(dst, len + (p.rotary_per_row ? i : 0));
           },
           [&](int j) { return static_cast<const T*>(cache_row(a.k_cache, b, j, g)); },
           [&](int j) { return static_cast<const T*>(cache_row(a.v_cache, b, j, g)); }, lo, hi, tiles, emit);
