@@ -1,0 +1,1 @@
+"""Hooks that plug tileattn into other libraries' attention dispatch (transformers)."""

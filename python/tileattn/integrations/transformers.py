@@ -1,0 +1,141 @@
+"""tileattn as a Hugging Face transformers attention implementation.
+
+    import tileattn.integrations.transformers as tt
+    tt.register()                      # once; name "tileattn"
+    model = LlamaForCausalLM(config)   # with config._attn_implementation = "tileattn", or
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="tileattn")
+
+transformers calls an attention function with query [batch, heads_q, seq_q, d] and key/value
+[batch, heads_kv, seq_k, d] (the module's projections, rotary applied), the model's attention_mask, and
+keyword arguments (dropout, scaling, sliding_window, softcap, is_causal, position_ids, packed-sequence
+offsets ...); it expects (attn_output [batch, seq_q, heads_q, d], attn_weights or None). The contract
+is the one of transformers' own flash-attention path, and so is the mask: register() also installs a
+mask builder that never materializes a mask. The model then hands over None when every token is real
+(causality comes from the module, aligned to the bottom-right corner, which is what a KV cache needs)
+or the 2D [batch, seq_k] padding mask when some are not; padded batches and packed sequences (given as
+cu_seq_lens_q/k or as restarting position_ids) run as variable-length batches. Grouped-query heads are
+read in place (no repeat of K and V). A dense 4D mask, attention sinks and position biases are
+refused: tileattn builds masks from structure, never from an N x N tensor.
+"""
+
+import torch
+
+from .._flash_api import flash_attn_func, flash_attn_varlen_func
+
+NAME = "tileattn"
+
+
+def _window(sliding_window, seq_k):
+    # transformers counts a window in tokens including the current one (flash-attention's convention
+    # there): (w - 1) to the left; windows at least as long as the keys are no window at all.
+    if sliding_window is None or seq_k <= sliding_window:
+        return (-1, -1)
+    return (sliding_window - 1, sliding_window - 1)
+
+
+def _cu_seqlens(lengths):
+    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def _packed_offsets(position_ids, batch, seq_q, seq_k):
+    """cu_seqlens (int32) when position_ids pack several sequences into one row, else None. Packing is
+    flash-attention's padding-free format: batch 1, positions restarting at their minimum per sequence."""
+    if position_ids is None or batch != 1 or seq_q != seq_k or position_ids.numel() != seq_q:
+        return None
+    pos = position_ids.reshape(-1)
+    starts = (pos == pos.min()).nonzero().reshape(-1)
+    if starts.numel() <= 1:
+        return None
+    return torch.cat([starts.to(torch.int32), torch.tensor([seq_q], dtype=torch.int32, device=pos.device)])
+
+
+def _dense_mask_error(mask):
+    return ValueError(
+        f"tileattn attention: attention_mask of shape {tuple(mask.shape)} is a dense mask; tileattn builds "
+        "causal, sliding-window, padding and packed-sequence masks from structure and takes no N x N mask. "
+        "Load the model with attn_implementation='tileattn' after tileattn.integrations.transformers.register() "
+        "so the model passes a 2D padding mask or none, or use attn_implementation='sdpa' for arbitrary masks")
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                      softcap=None, is_causal=None, **kwargs):
+    """transformers' attention-function contract; returns (attn_output [batch, seq_q, heads_q, d], None)."""
+    for name in ("s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"tileattn attention: {name} is not supported")
+    if kwargs.get("output_attentions", False):
+        raise NotImplementedError("tileattn attention: output_attentions=True needs the attention probabilities, "
+                                  "which tileattn never materializes; use attn_implementation='eager'")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    batch, _, seq_q, _ = query.shape
+    seq_k = key.shape[2]
+    # [batch, heads, seq, d] -> [batch, seq, heads, d]: strided views, no copy.
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    opts = dict(dropout_p=float(dropout), softmax_scale=scaling, causal=causal,
+                window_size=_window(sliding_window, seq_k), softcap=float(softcap or 0.0))
+
+    if attention_mask is not None:
+        if attention_mask.ndim != 2:
+            raise _dense_mask_error(attention_mask)
+        return _padded(q, k, v, attention_mask[:, -seq_k:].bool(), opts), None
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+        max_q = int(max_q) if max_q is not None else int(cu_q.diff().max())
+        max_k = int(max_k) if max_k is not None else int(cu_k.diff().max())
+    else:
+        cu_q = cu_k = _packed_offsets(kwargs.get("position_ids"), batch, seq_q, seq_k)
+        max_q = max_k = int(cu_q.diff().max()) if cu_q is not None else 0
+    if cu_q is not None:
+        out = flash_attn_varlen_func(*(x.reshape(-1, x.shape[2], x.shape[3]) for x in (q, k, v)), cu_q, cu_k,
+                                     max_q, max_k, **opts)
+        return out.reshape(batch, seq_q, *out.shape[1:]), None
+    return flash_attn_func(q, k, v, **opts), None
+
+
+def _padded(q, k, v, mask_k, opts):
+    """Attention over the real tokens of a padded batch: gather them into a variable-length batch, attend,
+    scatter back (padded query rows get zeros). Each sequence's queries are the real tokens among the
+    last seq_q positions, aligned to its keys' bottom-right corner, as a KV cache lays them out."""
+    batch, seq_q, heads_q, d = q.shape
+    seq_k = k.shape[1]
+    mask_q = mask_k[:, -seq_q:]
+    idx_q = mask_q.reshape(-1).nonzero().reshape(-1)
+    idx_k = mask_k.reshape(-1).nonzero().reshape(-1)
+    len_q, len_k = mask_q.sum(1), mask_k.sum(1)
+    cu_q, cu_k = _cu_seqlens(len_q), _cu_seqlens(len_k)
+    max_q, max_k = (int(x) for x in torch.stack([len_q.max(), len_k.max()]).tolist())
+
+    def gather(x, idx, seq):
+        return x.reshape(batch * seq, x.shape[2], x.shape[3]).index_select(0, idx)
+
+    out = flash_attn_varlen_func(gather(q, idx_q, seq_q), gather(k, idx_k, seq_k), gather(v, idx_k, seq_k),
+                                 cu_q, cu_k, max_q, max_k, **opts)
+    full = out.new_zeros(batch * seq_q, heads_q, out.shape[-1])
+    return full.index_copy(0, idx_q, out).reshape(batch, seq_q, heads_q, out.shape[-1])
+
+
+def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+                 **kwargs):
+    """The mask transformers builds once per forward for this implementation: None when every token is real,
+    else the 2D [batch, kv_length] padding mask (the last kv_length columns: windowed caches keep fewer
+    keys). Never an N x N mask: causality and windows come from each module."""
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[:, -kv_length:]
+    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+def register(name=NAME):
+    """Registers the attention function and its mask builder under name in transformers' global
+    interfaces, so that attn_implementation=name works for every model that dispatches through them."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, mask_builder)
+    return name

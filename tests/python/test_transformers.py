@@ -1,0 +1,202 @@
+"""The transformers hook (tileattn.integrations.transformers): small random Llama/Mistral models run with
+attn_implementation="tileattn" against the same weights run with "sdpa" in float64 on the CPU (the oracle;
+eager attention turns left padding into NaN) and with "sdpa" in the test dtype (the baseline of DESIGN's
+tolerance rule). Skipped without PyTorch or transformers."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import tileattn  # noqa: E402
+import tileattn.integrations.transformers as hf  # noqa: E402
+from conftest import CPU_BACKENDS, UNSUPPORTED  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
+FLOOR = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+hf.register()
+
+
+@pytest.fixture
+def seeded(rng):
+    torch.manual_seed(int(rng.integers(0, 2**62)))
+
+
+def backend(device, entry="forward"):
+    return tileattn.use_backend(CPU_BACKENDS[entry] if device == "cpu" else "auto")
+
+
+def skip_unsupported(e):
+    if isinstance(e, tileattn.Error) and UNSUPPORTED.search(str(e)):
+        pytest.skip(f"backend: {e}")
+    raise e
+
+
+def llama_config(**kw):
+    # 4 query heads over 2 KV heads (grouped-query), head dim 16.
+    return transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **kw)
+
+
+def models(config, device, model_class=transformers.LlamaForCausalLM):
+    """{"tileattn", "sdpa"} in the device's test dtype and "oracle" (sdpa, float64, CPU), one set of weights."""
+    state = model_class(copy.deepcopy(config)).state_dict()
+
+    def build(impl, dtype, dev):
+        m = model_class._from_config(copy.deepcopy(config), attn_implementation=impl)
+        m.load_state_dict(state)
+        return m.to(device=dev, dtype=dtype).eval()
+    return {"tileattn": build("tileattn", DTYPE[device], device), "sdpa": build("sdpa", DTYPE[device], device),
+            "oracle": build("sdpa", torch.float64, "cpu")}
+
+
+def logits(model, **inputs):
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        return model(**{k: v.to(dev) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits.double().cpu()
+
+
+def check_rule(x, baseline, oracle, dtype):
+    """DESIGN.md: |x - oracle| <= 2 |baseline - oracle| + floor."""
+    e, eb = ((y - oracle).abs().max().item() for y in (x, baseline))
+    bound = 2 * eb + FLOOR[dtype]
+    assert e <= bound, f"max abs error {e} vs bound {bound} (2 x baseline {eb} + floor {FLOOR[dtype]})"
+
+
+def compare_models(ms, device, select=lambda x: x, **inputs):
+    try:
+        with backend(device):
+            ours = logits(ms["tileattn"], **inputs)
+    except tileattn.Error as e:
+        skip_unsupported(e)
+    check_rule(select(ours), select(logits(ms["sdpa"], **inputs)), select(logits(ms["oracle"], **inputs)),
+               DTYPE[device])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_lm_logits(seeded, device):
+    ids = torch.randint(0, 128, (3, 37))
+    compare_models(models(llama_config(), device), device, input_ids=ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch(seeded, device, side):
+    ids = torch.randint(0, 128, (3, 29))
+    mask = torch.ones_like(ids)
+    for b, pad in ((0, 5), (2, 11)):
+        if side == "left":
+            mask[b, :pad] = 0
+        else:
+            mask[b, -pad:] = 0
+    real = mask.bool()
+    compare_models(models(llama_config(), device), device, select=lambda x: x[real], input_ids=ids,
+                   attention_mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("given_as", ["position_ids", "cu_seq_lens"])
+def test_packed_sequences_do_not_see_each_other(seeded, device, given_as):
+    lengths = [7, 12, 1, 9]
+    ids = torch.randint(0, 128, (1, sum(lengths)))
+    ms = models(llama_config(), device)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    inputs = dict(input_ids=ids, position_ids=position_ids)
+    if given_as == "cu_seq_lens":
+        cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    try:
+        with backend(device):
+            ours = logits(ms["tileattn"], **inputs)
+    except tileattn.Error as e:
+        skip_unsupported(e)
+    # Each sequence on its own is the truth: packing must change nothing.
+    pieces = ids.split(lengths, dim=1)
+    oracle = torch.cat([logits(ms["oracle"], input_ids=p) for p in pieces], dim=1)
+    baseline = torch.cat([logits(ms["sdpa"], input_ids=p) for p in pieces], dim=1)
+    check_rule(ours, baseline, oracle, DTYPE[device])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decoding_with_a_cache(seeded, device):
+    """Prefill, then one token at a time against the cache: each step's logits equal the full forward's
+    (the query row aligns to the bottom-right corner of its keys)."""
+    ids = torch.randint(0, 128, (2, 21))
+    ms = models(llama_config(), device)
+    model = ms["tileattn"]
+    dev = next(model.parameters()).device
+    try:
+        with backend(device, "decode"), backend(device), torch.no_grad():
+            cache = transformers.DynamicCache(config=model.config)
+            steps = [model(input_ids=ids[:, :17].to(dev), past_key_values=cache, use_cache=True).logits]
+            for t in range(17, 21):
+                steps.append(model(input_ids=ids[:, t:t + 1].to(dev), past_key_values=cache, use_cache=True).logits)
+    except tileattn.Error as e:
+        skip_unsupported(e)
+    ours = torch.cat(steps, dim=1).double().cpu()
+    check_rule(ours, logits(ms["sdpa"], input_ids=ids), logits(ms["oracle"], input_ids=ids), DTYPE[device])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sliding_window(seeded, device):
+    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=6)
+    ids = torch.randint(0, 128, (2, 31))
+    compare_models(models(config, device, transformers.MistralForCausalLM), device, input_ids=ids)
+
+
+def test_gradients_match_eager(seeded):
+    config = llama_config()
+    ms = models(config, "cpu")
+    ids = torch.randint(0, 128, (2, 23))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+
+    def grads(model):
+        model.train().zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        return {n: p.grad.double() for n, p in model.named_parameters() if "self_attn" in n}
+    try:
+        with backend("cpu", "backward"):
+            ours = grads(ms["tileattn"])
+    except tileattn.Error as e:
+        skip_unsupported(e)
+    baseline, oracle = grads(ms["sdpa"]), grads(ms["oracle"])
+    for name in oracle:
+        check_rule(ours[name], baseline[name], oracle[name], torch.float32)
+
+
+def test_non_causal_module_attends_to_every_key(rng):
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 4, 19, 16))).float() for _ in range(3))
+    with backend("cpu"):
+        out, weights = hf.attention_forward(SimpleNamespace(is_causal=False), q, k, v, None, scaling=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.3)
+    assert weights is None and out.shape == (2, 19, 4, 16)
+    assert (out.double() - want.transpose(1, 2)).abs().max().item() < 1e-5
+
+
+def test_refusals():
+    q = torch.randn(1, 2, 8, 16)
+    module = SimpleNamespace(is_causal=True)
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(1, 1, 8, 8\) is a dense mask"):
+        hf.attention_forward(module, q, q, q, torch.zeros(1, 1, 8, 8))
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        hf.attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        hf.attention_forward(module, q, q, q, None, output_attentions=True)
+
+
+def test_mask_builder_never_materializes():
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    assert hf.mask_builder(3, 10, 10, attention_mask=None) is None
+    assert hf.mask_builder(3, 10, 10, attention_mask=mask) is None
+    mask[1, 0] = False
+    assert torch.equal(hf.mask_builder(3, 10, 10, attention_mask=mask), mask)
+    assert hf.mask_builder(3, 4, 6, attention_mask=mask) is None  # a window of 6 keys skips the padding
+    mask[2, 7] = False
+    assert torch.equal(hf.mask_builder(3, 4, 6, attention_mask=mask), mask[:, -6:])
