@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Python package on this GPU: installed (no build isolation, so the build finds this machine's
+# nanobind, scikit-build-core and CUTLASS), then its whole pytest suite, the GPU tests included,
+# and the Hugging Face example.
+set -uo pipefail
+site=$BUILD/python-site
+# shellcheck disable=SC2086
+SKBUILD_CMAKE_ARGS="${CMAKE_ARGS// /;}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" "$ROOT" \
+  >"$OUT/python-install.log" 2>&1 || { tail -n 40 "$OUT/python-install.log"; exit 1; }
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+cd "$ROOT"
+python3 -m pytest tests/python -q -p no:cacheprovider >"$OUT/python-test.log" 2>&1
+rc=$?
+tail -n 3 "$OUT/python-test.log" | sed 's/^/pytest: /' | tee -a "$OUT/summary.txt"
+python3 examples/hf_llama.py >"$OUT/hf-llama.log" 2>&1 || rc=1
+tail -n 4 "$OUT/hf-llama.log" | sed 's/^/hf example: /' | tee -a "$OUT/summary.txt"
+exit $rc
