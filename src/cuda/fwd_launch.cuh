@@ -16,14 +16,17 @@ template <DType> struct ElementOf;
 template <> struct ElementOf<DType::f16> { using type = cutlass::half_t; };
 template <> struct ElementOf<DType::bf16> { using type = cutlass::bfloat16_t; };
 
-// (block_m, block_n, warps) per head dim: 128 query rows per block, 16 per warp slice; the key tile
-// shrinks and the warps double as the head dim grows, to bound registers and shared memory.
+// (block_m, block_n, warps) per head dim, picked by timing variants side by side on an H100
+// (bench/gpu_fwd_notes.md). hdim 64: a 64-key tile keeps the accumulators in registers without
+// spills (128 keys spilled and ran 3-8% slower). hdim 256: a 64-row query tile on 4 warps (16 rows
+// each) beat 128 rows on 8 warps on most rows, also without spills. hdim 128 keeps 128 x 64: 128 x 32,
+// 8 warps and a 3-blocks-per-SM register cap were all slower.
 template <class E, int D> struct FwdConfig;
-template <class E> struct FwdConfig<E, 64> { using type = FwdTraits<E, 64, 128, 128, 4>; };
+template <class E> struct FwdConfig<E, 64> { using type = FwdTraits<E, 64, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 96> { using type = FwdTraits<E, 96, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 128> { using type = FwdTraits<E, 128, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128, 64, 8>; };
-template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 128, 64, 8>; };
+template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 64, 64, 4>; };
 
 inline void throw_on(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("tileattn::forward: ") + what + ": " + cudaGetErrorString(e));
