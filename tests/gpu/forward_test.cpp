@@ -436,11 +436,15 @@ TEST_F(GpuForward, RejectsWhatTheKernelCannotTake) {
   odd_stride.v = view(wide.data(), DType::bf16, {1, 64, 2, 64}, {64 * 136, 136, 68, 1}, Device{DeviceType::cuda, 0});
   expect_error(odd_stride, "v.stride[2] = 68");
 
-  HostTensor q32(DType::f32, {1, 64, 2, 64});
-  DeviceTensor dq32(q32);
+  // Whole f32 tensors: relabelling the bf16 buffers would make out overlap its neighbours.
+  HostTensor q32(DType::f32, p.q.shape()), k32(DType::f32, p.k.shape()), v32(DType::f32, p.v.shape()),
+      o32(DType::f32, p.out.shape());
+  DeviceTensor dq32(q32), dk32(k32), dv32(v32), do32(o32);
   ForwardArgs f32 = d.args();
   f32.q = dq32.view();
-  f32.k.dtype = f32.v.dtype = f32.out.dtype = DType::f32;
+  f32.k = dk32.view();
+  f32.v = dv32.view();
+  f32.out = do32.view();
   expect_error(f32, "f16 and bf16");
 }
 
