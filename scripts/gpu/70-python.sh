@@ -4,8 +4,8 @@
 # and the Hugging Face example.
 set -uo pipefail
 site=$BUILD/python-site
-# shellcheck disable=SC2086
-SKBUILD_CMAKE_ARGS="${CMAKE_ARGS// /;}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+args=${TILEATTN_PY_CMAKE_ARGS-$CMAKE_ARGS}  # the package's own CMake flags (default: the build step's)
+SKBUILD_CMAKE_ARGS="${args// /;}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" "$ROOT" \
   >"$OUT/python-install.log" 2>&1 || { tail -n 40 "$OUT/python-install.log"; exit 1; }
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
