@@ -56,15 +56,17 @@ TensorView convert(const char* fn, const char* name, const Array& a) {
   t.dtype = to_dtype(fn, name, a.dtype());
   t.device = to_device(fn, name, a.device_type(), a.device_id());
   t.ndim = ndim;
+  // DLPack lets a producer leave strides out (NULL) for a compact row-major array, as CuPy does.
+  const std::int64_t* strides = a.stride_ptr();
   bool empty = false;
   for (int d = 0; d < ndim; ++d) {
     t.shape[d] = static_cast<std::int64_t>(a.shape(d));
-    t.stride[d] = a.stride(d);
+    t.stride[d] = strides ? strides[d] : 0;
     empty = empty || t.shape[d] == 0;
   }
   // An empty array addresses no element, so its strides mean nothing and producers differ (NumPy
   // exports zeros); give it row-major ones rather than have the core reject a strided last dim.
-  if (empty) {
+  if (empty || !strides) {
     std::int64_t s = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       t.stride[d] = s;
