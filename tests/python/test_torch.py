@@ -378,10 +378,11 @@ def test_cuda_graph_capture_of_decode(gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_numpy_and_torch_agree(gen, device):
-    q, k, v = (randn(gen, (1, 9, 2, 32), torch.float32, device) for _ in range(3))
+    dtype = torch.float32 if device == "cpu" else torch.float16  # the CUDA backend takes 16-bit inputs
+    q, k, v = (randn(gen, (1, 9, 2, 32), dtype, device) for _ in range(3))
     with tileattn.use_backend(backend_for(device, "forward")):
         t_out = run(device, "forward", tileattn.flash_attn_func, q, k, v, causal=True)
-    n_out = run("cpu", "forward", tileattn.flash_attn_func, *(x.cpu().numpy() for x in (q, k, v)), causal=True)
+    n_out = run("cpu", "forward", tileattn.flash_attn_func, *(x.float().cpu().numpy() for x in (q, k, v)), causal=True)
     assert isinstance(n_out, np.ndarray)
-    np.testing.assert_allclose(t_out.cpu().numpy(), n_out, atol=1e-5 if device == "cpu" else 1e-3)
+    np.testing.assert_allclose(t_out.float().cpu().numpy(), n_out, atol=1e-5 if device == "cpu" else 4e-3)
     assert math.isfinite(float(t_out.sum()))
