@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""The forward benchmark grid of DESIGN.md on one GPU: tileattn (through its timing program) and
-PyTorch SDPA's flash and cuDNN backends, timed in the same run on the same inputs' layout.
+"""The forward (or, with --backward, the backward) benchmark grid of DESIGN.md on one GPU: tileattn
+(through its timing program) and PyTorch SDPA's flash and cuDNN backends, timed in the same run on
+the same inputs' layout. A peer's backward is timed as torch.autograd.grad of its own forward's
+output; FLOPs of the backward are 2.5x the forward's.
 
-    gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick]
+    gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick] [--backward]
 
 Writes the DESIGN.md benchmark record and prints a table last: TFLOP/s of each implementation and
 tileattn's time ratio to the best peer (best peer time / tileattn time: >= 1.0 means at least as fast).
@@ -31,8 +33,9 @@ def grid(quick):
                 yield dict(batch=TOKENS // s, seqlen=s, heads=WIDTH // d, hdim=d, causal=causal)
 
 
-def flops(r):
-    return 4.0 * r["batch"] * r["heads"] * r["seqlen"] ** 2 * r["hdim"] * (0.5 if r["causal"] else 1.0)
+def flops(r, backward):
+    fwd = 4.0 * r["batch"] * r["heads"] * r["seqlen"] ** 2 * r["hdim"] * (0.5 if r["causal"] else 1.0)
+    return 2.5 * fwd if backward else fwd
 
 
 def time_ms(fn, iters):
@@ -50,14 +53,26 @@ def time_ms(fn, iters):
     return times[len(times) // 2]
 
 
-def peer_rows(r, iters):
+def peer_rows(r, iters, backward):
     shape = (r["batch"], r["seqlen"], r["heads"], r["hdim"])  # BSHD storage, as tileattn reads it
-    sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3)]
-            for _ in range(SETS)]
+    sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_(backward)
+             for _ in range(4)] for _ in range(SETS)]
     out = []
     for impl, backend in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
+        outs = []
+        if backward:
+            with sdpa_kernel(backend):
+                try:
+                    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"]) for q, k, v, _ in sets]
+                except RuntimeError as e:
+                    print(f"{impl} failed on {r}: {e}", file=sys.stderr)
+                    continue
+
         def call(i):
-            q, k, v = sets[i % SETS]
+            q, k, v, do = sets[i % SETS]
+            if backward:
+                torch.autograd.grad(outs[i % SETS], (q, k, v), do, retain_graph=True)
+                return
             with sdpa_kernel(backend):
                 F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"])
         try:
@@ -65,17 +80,18 @@ def peer_rows(r, iters):
         except RuntimeError as e:  # a backend that refuses the shape
             print(f"{impl} failed on {r}: {e}", file=sys.stderr)
             continue
-        out.append(record(r, impl, ms))
+        out.append(record(r, impl, ms, backward))
+        del outs
     del sets
     torch.cuda.empty_cache()
     return out
 
 
-def record(r, impl, ms):
-    return {"grid": "fwd", "impl": impl, "dtype": "bf16", "batch": r["batch"], "seqlen_q": r["seqlen"],
-            "seqlen_k": r["seqlen"], "heads_q": r["heads"], "heads_kv": r["heads"], "hdim": r["hdim"],
-            "causal": r["causal"], "page_size": None, "ms": round(ms, 5),
-            "tflops": round(flops(r) / (ms * 1e-3) / 1e12, 2), "tbps": None}
+def record(r, impl, ms, backward):
+    return {"grid": "bwd" if backward else "fwd", "impl": impl, "dtype": "bf16", "batch": r["batch"],
+            "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"], "heads_kv": r["heads"],
+            "hdim": r["hdim"], "causal": r["causal"], "page_size": None, "ms": round(ms, 5),
+            "tflops": round(flops(r, backward) / (ms * 1e-3) / 1e12, 2), "tbps": None}
 
 
 def ceilings():
@@ -96,14 +112,16 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="seqlen 512 and 2048 only")
+    ap.add_argument("--backward", action="store_true", help="the backward grid")
     args = ap.parse_args()
 
     rows = list(grid(args.quick))
     specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}" for r in rows]
-    ours = subprocess.run([args.bench, "--iters", str(args.iters)] + specs, check=True, capture_output=True, text=True)
+    mode = ["--backward"] if args.backward else []
+    ours = subprocess.run([args.bench, "--iters", str(args.iters)] + mode + specs, check=True, capture_output=True, text=True)
     records = [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
     for r in rows:
-        records += peer_rows(r, args.iters)
+        records += peer_rows(r, args.iters, args.backward)
 
     doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
            "ceilings": ceilings(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": records}
@@ -115,7 +133,10 @@ def main():
     for x in records:
         by.setdefault(key(x), {})[x["impl"]] = x
     print(f"\n{doc['device']}  torch {doc['torch']}  cudnn {doc['cudnn']}  ceilings {doc['ceilings']}")
-    print("extra device memory per call: workspace 0 B, lse only (lse_bytes per row in the JSON)")
+    if args.backward:
+        print("backward: extra device memory per call = workspace_bytes in the JSON (D and the fp32 dQ rows)")
+    else:
+        print("extra device memory per call: workspace 0 B, lse only (lse_bytes per row in the JSON)")
     print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} {'cudnn':>8} | TFLOP/s | "
           f"{'vs flash':>8} {'vs best':>8}")
     for k in sorted(by):

@@ -30,6 +30,16 @@ struct Mask {
   // Keys any row of [i0, i1) sees: for block skipping.
   TA_HD int block_key_begin(int i0) const { return key_begin(i0); }
   TA_HD int block_key_end(int i1) const { return key_end(i1 - 1); }
+  // Rows that see any key of [j0, j1) (j0 < j1 <= seqlen_k): [block_row_begin(j0), block_row_end(j1)),
+  // possibly empty. For the backward, which walks query blocks per key block.
+  TA_HD int block_row_begin(int j0) const {
+    int b = right < 0 ? 0 : j0 - diag_offset - right;
+    return b < 0 ? 0 : b;
+  }
+  TA_HD int block_row_end(int j1) const {
+    int e = left < 0 ? seqlen_q : j1 - diag_offset + left;
+    return e > seqlen_q ? seqlen_q : e;
+  }
   // True if every (i, j) in the block is visible: no per-element masking needed.
   TA_HD bool block_full(int i0, int i1, int j0, int j1) const {
     return j0 >= key_begin(i1 - 1) && j1 <= key_end(i0);

@@ -15,14 +15,20 @@ struct ScoreMod {
   float softcap = 0.f;  // 0 = off
   float alibi = 0.f;    // this head's slope; 0 = off
 
+  // The scaled and softcapped score, before ALiBi.
+  TA_HD float capped(float qk) const {
+    float s = qk * scale;
+    return softcap > 0.f ? softcap * tanhf(s / softcap) : s;
+  }
+  // ALiBi's bias for query row i and key j.
+  TA_HD float alibi_bias(int i, int j, int diag_offset) const {
+    int d = i + diag_offset - j;
+    return alibi * static_cast<float>(d < 0 ? -d : d);
+  }
   // Returns the modified score in natural-log units.
   TA_HD float operator()(float qk, int i, int j, int diag_offset) const {
-    float s = qk * scale;
-    if (softcap > 0.f) s = softcap * tanhf(s / softcap);
-    if (alibi != 0.f) {
-      int d = i + diag_offset - j;
-      s -= alibi * static_cast<float>(d < 0 ? -d : d);
-    }
+    float s = capped(qk);
+    if (alibi != 0.f) s -= alibi_bias(i, j, diag_offset);
     return s;
   }
   // d(modified score)/d(qk), for the backward pass, given the softcapped value.

@@ -44,6 +44,7 @@ std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
 // For the core's validation: why the cuda backend cannot run this call (host pointers, dtypes or
 // head dims without a kernel, misaligned data); empty when it can.
 std::string check_forward(const Problem& p, const ForwardArgs& a);
+std::string check_backward(const Problem& p, const BackwardArgs& a);
 std::string check_decode(const Problem& p, const DecodeArgs& a);
 std::string check_combine(const Problem& p, const CombineArgs& a);
 }  // namespace cuda

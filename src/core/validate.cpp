@@ -337,6 +337,10 @@ Problem validate(const BackwardArgs& a) {
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
                           {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
                           {"alibi_slopes", &a.alibi_slopes}});
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_backward(p, a); !why.empty()) fail(fn, why);
+#endif
   return p;
 }
 

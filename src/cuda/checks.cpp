@@ -2,6 +2,7 @@
 // this device's memory, dtypes and head dims without a kernel, and addresses or strides that break
 // the kernels' 16-byte vector accesses.
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "core/backends.hpp"
+#include "cuda/bwd_launch.hpp"
 #include "cuda/fwd_launch.hpp"
 
 namespace tileattn::cuda {
@@ -49,27 +51,39 @@ std::string vector_aligned(const char* name, const TensorView& t) {
   return {};
 }
 
-}  // namespace
-
-std::string check_forward(const Problem& p, const ForwardArgs& a) {
+// Dtype, a kernel for the head dim, residence and 16-byte alignment of every tensor.
+std::string check_attention(const Problem& p, const char* what, int instance_hdim,
+                            std::initializer_list<std::pair<const char*, const TensorView*>> all) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend supports f16 and bf16";
-  const int hdim = p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v;
-  if (forward_instance_hdim(p.dtype, hdim) == 0) {
+  if (instance_hdim == 0) {
     std::ostringstream os;
-    os << "head_dim " << hdim << " with dtype " << dtype_name(p.dtype)
-       << " has no cuda forward kernel in this build (see TILEATTN_CUDA_DTYPES / TILEATTN_CUDA_HDIMS)";
+    os << "head_dim " << (p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v) << " with dtype " << dtype_name(p.dtype)
+       << " has no cuda " << what << " kernel in this build (see TILEATTN_CUDA_DTYPES / TILEATTN_CUDA_HDIMS)";
     return os.str();
   }
-  const std::pair<const char*, const TensorView*> all[] = {
-      {"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
-      {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}};
   for (const auto& [name, t] : all)
     if (auto m = where_is(name, *t); !m.empty()) return m;
   for (const auto& [name, t] : all)
     if (t->dtype != DType::f32 && t->dtype != DType::i32)
       if (auto m = vector_aligned(name, *t); !m.empty()) return m;
   return {};
+}
+
+}  // namespace
+
+std::string check_forward(const Problem& p, const ForwardArgs& a) {
+  return check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
+                          {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
+                          {"alibi_slopes", &a.alibi_slopes}});
+}
+
+std::string check_backward(const Problem& p, const BackwardArgs& a) {
+  return check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
+                          {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
 }
 
 std::string check_decode(const Problem& p, const DecodeArgs& a) {

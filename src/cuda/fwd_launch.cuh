@@ -6,15 +6,12 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "cuda/element.cuh"
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/fwd_launch.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
-
-template <DType> struct ElementOf;
-template <> struct ElementOf<DType::f16> { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::bf16> { using type = cutlass::bfloat16_t; };
 
 // (block_m, block_n, warps) per head dim, picked by timing variants side by side on an H100
 // (bench/gpu_fwd_notes.md). hdim 64: a 64-key tile keeps the accumulators in registers without

@@ -1,5 +1,5 @@
 // The forward kernel's instantiations as seen from host code: one launcher per (dtype, head dim),
-// defined in generated translation units (see CMakeLists.txt) and listed in fwd_instances.inc.
+// defined in generated translation units (see CMakeLists.txt) and listed in instances.inc.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -178,6 +178,19 @@ struct CaseTensors {
   }
 };
 
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+// Keys past the last sequence of a packed batch belong to no sequence; neither backend writes
+// their gradients, so they are left out of the comparison.
+inline std::vector<double> used_rows(const Case& c, const std::vector<double>& x, std::int64_t row_elems) {
+  if (!c.varlen) return x;
+  std::int64_t n = 0;
+  for (int l : c.lens_k) n += l;
+  return std::vector<double>(x.begin(), x.begin() + n * row_elems);
+}
+
 // f32 paths: l2 error relative to the oracle's norm, or to an entry size of 1e-2 where the oracle is
 // nearly zero (a gradient that cancels exactly leaves only rounding noise).
 inline double f32_error(const std::vector<double>& x, const std::vector<double>& ref) {

@@ -8,10 +8,6 @@
 namespace tileattn::test {
 namespace {
 
-struct Grads {
-  std::vector<double> dq, dk, dv;
-};
-
 Grads run_backward(const Case& c, CaseTensors& t, Backend backend, bool input_dtype = false) {
   t.dq.poison();
   t.dk.poison();
@@ -24,15 +20,6 @@ Grads run_backward(const Case& c, CaseTensors& t, Backend backend, bool input_dt
     backward(a);
   }
   return {t.dq.to_f64(), t.dk.to_f64(), t.dv.to_f64()};
-}
-
-// Keys past the last sequence of a packed batch belong to no sequence; neither backend writes
-// their gradients, so they are left out of the comparison.
-std::vector<double> used_rows(const Case& c, const std::vector<double>& x, std::int64_t row_elems) {
-  if (!c.varlen) return x;
-  std::int64_t n = 0;
-  for (int l : c.lens_k) n += l;
-  return std::vector<double>(x.begin(), x.begin() + n * row_elems);
 }
 
 TEST(FlashBackward, RandomSweepMatchesReference) {

@@ -1,8 +1,10 @@
-// Times tileattn's cuda forward on the rows given on the command line and prints one JSON object
-// per row (bench/gpu_bench.py runs it beside the PyTorch peers and merges the records).
+// Times tileattn's cuda forward (or, with --backward, its backward) on the rows given on the
+// command line and prints one JSON object per row (bench/gpu_bench.py runs it beside the PyTorch
+// peers and merges the records).
 //
-//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
+//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
 //
+// The backward's out and lse come from one forward call per input set, before the timing.
 // Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
 // no call finds its inputs in L2. Each call is timed with CUDA events; the median is reported.
 #include <algorithm>
@@ -38,6 +40,7 @@ constexpr int kSets = 3;
 
 int main(int argc, char** argv) {
   int iters = 30;
+  bool backward = false;
   tileattn::DType dtype = tileattn::DType::bf16;
   std::vector<Row> rows;
   for (int i = 1; i < argc; ++i) {
@@ -45,11 +48,13 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {
       dtype = std::strcmp(argv[++i], "f16") ? tileattn::DType::bf16 : tileattn::DType::f16;
+    } else if (!std::strcmp(argv[i], "--backward")) {
+      backward = true;
     } else {
       Row r{};
       int causal = 0;
       if (std::sscanf(argv[i], "%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal) != 5) {
-        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
+        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] [--backward] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
         return 2;
       }
       r.causal = causal != 0;
@@ -62,9 +67,10 @@ int main(int argc, char** argv) {
   // Random inputs: one host pattern per tensor role, copied into every set.
   std::vector<std::uint16_t> host(max_elems);
   std::uint64_t x = 0x9e3779b97f4a7c15ull;
-  std::vector<void*> q(kSets), k(kSets), v(kSets), o(kSets);
-  float* lse = nullptr;
-  for (auto* bufs : {&q, &k, &v, &o})
+  std::vector<void*> q(kSets), k(kSets), v(kSets), o(kSets), dout(kSets), dq(kSets), dk(kSets), dv(kSets);
+  std::vector<std::vector<void*>*> roles{&q, &k, &v, &o};
+  if (backward) roles.insert(roles.end(), {&dout, &dq, &dk, &dv});
+  for (auto* bufs : roles)
     for (int s = 0; s < kSets; ++s) {
       for (auto& h : host) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
@@ -76,7 +82,8 @@ int main(int argc, char** argv) {
     }
   std::size_t max_rows = 0;
   for (const Row& r : rows) max_rows = std::max(max_rows, std::size_t(r.batch) * r.seqlen * r.heads);
-  check(cudaMalloc(&lse, max_rows * sizeof(float)), "cudaMalloc");
+  std::vector<void*> lse(kSets);
+  for (auto& l : lse) check(cudaMalloc(&l, max_rows * sizeof(float)), "cudaMalloc");
 
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
@@ -89,35 +96,59 @@ int main(int argc, char** argv) {
       a.k = tileattn::view(k[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
       a.v = tileattn::view(v[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
       a.out = tileattn::view(o[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.lse = tileattn::view(lse, tileattn::DType::f32, {r.batch, r.heads, r.seqlen}, dev);
+      a.lse = tileattn::view(lse[s], tileattn::DType::f32, {r.batch, r.heads, r.seqlen}, dev);
       a.options.causal = r.causal;
       a.options.backend = tileattn::Backend::cuda;
       return a;
     };
+    auto bwd_args_for = [&](int s) {
+      const tileattn::ForwardArgs f = args_for(s);
+      tileattn::BackwardArgs a;
+      a.q = f.q;
+      a.k = f.k;
+      a.v = f.v;
+      a.out = f.out;
+      a.lse = f.lse;
+      a.dout = tileattn::view(dout[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.dq = tileattn::view(dq[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.dk = tileattn::view(dk[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.dv = tileattn::view(dv[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.options = f.options;
+      return a;
+    };
+    auto call = [&](int s) {
+      if (backward)
+        tileattn::backward(bwd_args_for(s));
+      else
+        tileattn::forward(args_for(s));
+    };
+    if (backward)
+      for (int s = 0; s < kSets; ++s) tileattn::forward(args_for(s));
     std::size_t free_before = 0, free_after = 0, total = 0;
+    check(cudaDeviceSynchronize(), "forward");
     check(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
-    for (int w = 0; w < 3; ++w) tileattn::forward(args_for(w % kSets));
+    for (int w = 0; w < 3; ++w) call(w % kSets);
     check(cudaDeviceSynchronize(), "warm-up");
     check(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
     std::vector<float> ms(iters);
     for (int it = 0; it < iters; ++it) {
-      const tileattn::ForwardArgs a = args_for(it % kSets);
       check(cudaEventRecord(start), "cudaEventRecord");
-      tileattn::forward(a);
+      call(it % kSets);
       check(cudaEventRecord(stop), "cudaEventRecord");
       check(cudaEventSynchronize(stop), "cudaEventSynchronize");
       check(cudaEventElapsedTime(&ms[it], start, stop), "cudaEventElapsedTime");
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[iters / 2];
-    const double flops = 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
+    const double flops = (backward ? 2.5 : 1.0) * 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
     const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
     std::printf(
-        "{\"grid\": \"fwd\", \"impl\": \"tileattn\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
+        "{\"grid\": \"%s\", \"impl\": \"tileattn\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
         "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
         "\"tflops\": %.2f, \"tbps\": null, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
-        tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
-        median, flops / (median * 1e-3) / 1e12, tileattn::workspace_size(args_for(0)), lse_bytes,
+        backward ? "bwd" : "fwd", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
+        median, flops / (median * 1e-3) / 1e12,
+        backward ? tileattn::workspace_size(bwd_args_for(0)) : tileattn::workspace_size(args_for(0)), lse_bytes,
         static_cast<long long>(free_before) - static_cast<long long>(free_after));
     std::fflush(stdout);
   }

@@ -1,0 +1,58 @@
+#include "cuda/attn_params.hpp"
+
+#include "common/score_mod.hpp"
+
+namespace tileattn::cuda {
+
+RowStrides row_strides(const Problem& pr, const TensorView& t) {
+  const int r = pr.varlen ? 0 : 1;
+  return {pr.varlen ? 0 : t.stride[0], t.stride[r], t.stride[r + 1]};
+}
+
+FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
+  FwdParams p{};
+  p.q = t.q.data;
+  p.k = t.k.data;
+  p.v = t.v.data;
+  p.o = t.out.data;
+  p.lse = t.lse.present() ? static_cast<float*>(t.lse.data) : nullptr;
+  const auto set = [&](const TensorView& v, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
+    const RowStrides s = row_strides(pr, v);
+    batch = s.batch;
+    row = s.row;
+    head = s.head;
+  };
+  set(t.q, p.q_batch, p.q_row, p.q_head);
+  set(t.k, p.k_batch, p.k_row, p.k_head);
+  set(t.v, p.v_batch, p.v_row, p.v_head);
+  set(t.out, p.o_batch, p.o_row, p.o_head);
+  if (p.lse) {
+    p.lse_batch = pr.varlen ? 0 : t.lse.stride[0];
+    p.lse_head = t.lse.stride[pr.varlen ? 0 : 1];
+    p.lse_row = t.lse.stride[pr.varlen ? 1 : 2];
+  }
+  p.cu_q = pr.varlen ? t.cu_seqlens_q.ptr<const int>() : nullptr;
+  p.cu_k = pr.varlen ? t.cu_seqlens_k.ptr<const int>() : nullptr;
+  p.heads_q = pr.heads_q;
+  p.group = pr.group();
+  p.seqlen_q = pr.seqlen_q;
+  p.seqlen_k = pr.seqlen_k;
+  p.d_qk = pr.hdim_qk;
+  p.d_v = pr.hdim_v;
+  p.scale = pr.scale;
+  p.scale_log2 = pr.scale * kLog2e;
+  p.softcap = pr.softcap;
+  p.bottom_right = pr.bottom_right;
+  p.window_left = pr.window_left;
+  p.window_right = pr.window_right;
+  if (pr.has_alibi) {
+    p.alibi = t.alibi_slopes.ptr<const float>();
+    p.alibi_batch = pr.alibi_per_batch ? t.alibi_slopes.stride[0] : 0;
+    p.alibi_head = t.alibi_slopes.stride[pr.alibi_per_batch ? 1 : 0];
+  }
+  p.dropout = pr.dropout_p > 0.f;
+  p.drop = pr.dropout(t.options);
+  return p;
+}
+
+}  // namespace tileattn::cuda

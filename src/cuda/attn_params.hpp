@@ -1,0 +1,24 @@
+// Kernel arguments shared by the forward and the backward, resolved on the host from a validated
+// problem: data pointers, element strides, mask geometry and score modifiers.
+#pragma once
+
+#include "core/problem.hpp"
+#include "cuda/fwd_params.hpp"
+
+namespace tileattn::cuda {
+
+// The tensors of an attention call whose layout the kernels read through FwdParams.
+struct AttnTensors {
+  const TensorView &q, &k, &v, &out, &lse, &cu_seqlens_q, &cu_seqlens_k, &alibi_slopes;
+  const Options& options;
+};
+
+FwdParams attn_params(const Problem& pr, const AttnTensors& t);
+
+// Batched tensors are [b, s, h, d], varlen ones [total, h, d] whose rows start at cu_seqlens[b].
+struct RowStrides {
+  std::int64_t batch, row, head;
+};
+RowStrides row_strides(const Problem& pr, const TensorView& t);
+
+}  // namespace tileattn::cuda

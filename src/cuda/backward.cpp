@@ -1,0 +1,102 @@
+// The cuda backend's backward entry point: D = rowsum(dO * O), the dK/dV kernel (with dQ by fp32
+// atomics, or by its own kernel in the deterministic mode), then dQ converted to the output dtype.
+// Scratch, all O(N): D per (head, query row) and, in the atomic mode, the fp32 dQ rows.
+#include <cuda_runtime.h>
+
+#include "core/backends.hpp"
+#include "cuda/attn_params.hpp"
+#include "cuda/bwd_launch.hpp"
+#include "cuda/runtime.hpp"
+
+namespace tileattn::cuda {
+namespace {
+
+struct BwdInstance {
+  DType dtype;
+  int hdim;
+  void (*launch)(const BwdParams&, const BwdGrid&);
+};
+
+constexpr BwdInstance kInstances[] = {
+#define TA_INSTANCE(dtype, hdim) {DType::dtype, hdim, &launch_bwd<DType::dtype, hdim>},
+#include "instances.inc"
+#undef TA_INSTANCE
+};
+
+const BwdInstance* find_instance(DType dtype, int hdim) {
+  const BwdInstance* best = nullptr;
+  for (const auto& in : kInstances)
+    if (in.dtype == dtype && in.hdim >= hdim && (!best || in.hdim < best->hdim)) best = &in;
+  return best;
+}
+
+int call_hdim(const Problem& p) { return p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v; }
+
+std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
+  return p.varlen ? a.q.shape[0] : std::int64_t(p.batch) * p.seqlen_q;
+}
+
+std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+
+struct Scratch {
+  std::size_t dsum_bytes, dq_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes; }
+};
+
+Scratch scratch(const Problem& p, const BackwardArgs& a) {
+  const std::size_t rows = std::size_t(rows_total(p, a)) * p.heads_q;
+  const BwdInstance* in = find_instance(p.dtype, call_hdim(p));
+  const std::size_t cols = in ? in->hdim : 0;
+  return {round_up(rows * sizeof(float)), a.options.deterministic ? 0 : round_up(rows * cols * sizeof(float))};
+}
+
+}  // namespace
+
+int backward_instance_hdim(DType dtype, int hdim) {
+  const BwdInstance* in = find_instance(dtype, hdim);
+  return in ? in->hdim : 0;
+}
+
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a) { return scratch(p, a).total(); }
+
+void backward(const Problem& pr, const BackwardArgs& a) {
+  if (pr.batch == 0 || pr.heads_q == 0) return;
+  DeviceGuard device(a.q.device.index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
+  const BwdInstance* in = find_instance(pr.dtype, call_hdim(pr));
+
+  BwdParams p{};
+  p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes, a.options});
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  const auto set = [&](const TensorView& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
+    const RowStrides s = row_strides(pr, t);
+    batch = s.batch;
+    row = s.row;
+    head = s.head;
+  };
+  set(a.dout, p.do_batch, p.do_row, p.do_head);
+  set(a.dq, p.dq_batch, p.dq_row, p.dq_head);
+  set(a.dk, p.dk_batch, p.dk_row, p.dk_head);
+  set(a.dv, p.dv_batch, p.dv_row, p.dv_head);
+  p.rows_total = rows_total(pr, a);
+  p.dq_cols = in->hdim;
+  p.batch = pr.batch;
+
+  const Scratch sc = scratch(pr, a);
+  Workspace ws(a.options, sc.total(), stream);
+  p.dsum = reinterpret_cast<float*>(ws.data());
+  p.dq_accum = a.options.deterministic ? nullptr : reinterpret_cast<float*>(ws.data() + sc.dsum_bytes);
+
+  launch_bwd_dsum(pr.dtype, p, stream);
+  if (p.dq_accum) check(cudaMemsetAsync(p.dq_accum, 0, sc.dq_bytes, stream), "cudaMemsetAsync (dQ accumulator)");
+  const BwdGrid g{pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k,
+                  pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f), a.options.deterministic,
+                  stream};
+  in->launch(p, g);
+  if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
+}
+
+}  // namespace tileattn::cuda

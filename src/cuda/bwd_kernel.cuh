@@ -1,0 +1,506 @@
+// The portable backward kernels (sm_80 and newer), FlashAttention-2's algorithm with the score
+// tiles computed transposed (keys as rows), so that P^T and dS^T come out of the accumulators in
+// the layout the dV and dK products read:
+//   bwd_dkdv_kernel, one block per (key tile, sequence, KV head): keeps K_j, V_j and the dK_j, dV_j
+//     accumulators on chip while the query tiles of every head of the GQA group stream by (the
+//     group's sum comes free). Per query tile: S^T = K Q^T, P^T = exp(S^T - LSE), dP^T = V dO^T,
+//     dS^T = P^T * (dP^T - D); dV += P^T dO, dK += dS^T Q, and, in the atomic mode, dS K is added
+//     into the fp32 dQ rows.
+//   bwd_dq_kernel, the deterministic mode's dQ: one block per (query tile, sequence, head) walks
+//     the key tiles, recomputes dS and keeps dQ in registers (2 more tile products per tile pair
+//     than the atomic mode; no order-dependent sums anywhere).
+// Score modifiers (softcap with its derivative, ALiBi), the mask and dropout (the forward's Philox
+// keep bits, regenerated) follow the forward kernel; only tiles the mask cuts pay for masking.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "common/mask.hpp"
+#include "common/philox.hpp"
+#include "common/score_mod.hpp"
+#include "cuda/bwd_params.hpp"
+#include "cuda/cute_utils.cuh"
+
+namespace tileattn::cuda {
+
+using namespace cute;
+
+// A (rows x cols) shared-memory layout read as its (cols x rows) transpose.
+template <class L, int kRows, int kCols>
+using TransposedLayout = decltype(composition(L{}, make_layout(Shape<Int<kCols>, Int<kRows>>{}, GenRowMajor{})));
+
+// kWarpsSdP: warps along the keys of the S^T / dP^T tiles (the rest along the queries);
+// kWarpsKV: warps along the keys of dK / dV (the rest along the head dim); kWarpsQ: warps along the
+// queries of dQ. kStages: 2 double-buffers the Q / dO tiles (and K / V in the dQ kernel).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsSdP, int kWarpsKV,
+          int kWarpsQ, int kStages_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32, kStages = kStages_;
+  static constexpr int kChunk = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kChunk == 64 ? 3 : 2;
+  static_assert(kBlockM % 64 == 0, "P^T and dS^T rows are swizzled in 64-element chunks");
+
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                                   SM80_16x8x16_F32BF16BF16F32_TN>;
+  template <int kRowWarps>
+  using Mma = TiledMMA<MMA_Atom<MmaOp>, Layout<Shape<Int<kRowWarps>, Int<kWarps / kRowWarps>, _1>>,
+                       Tile<Int<16 * kRowWarps>, Int<16 * (kWarps / kRowWarps)>, _16>>;
+  using MmaSdP = Mma<kWarpsSdP>;  // (N x M)
+  using MmaKV = Mma<kWarpsKV>;    // (N x D)
+  using MmaQ = Mma<kWarpsQ>;      // (M x D)
+
+  using AtomD = decltype(composition(Swizzle<kSwizzleBits, 3, 3>{},
+                                     Layout<Shape<_8, Int<kChunk>>, Stride<Int<kChunk>, _1>>{}));
+  using AtomM = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(AtomD{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));   // Q, dO
+  using SmemLayoutKV = decltype(tile_to_shape(AtomD{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K, V
+  using SmemLayoutPt = decltype(tile_to_shape(AtomM{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));   // P^T, dS^T
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;
+  using SmemLayoutdS = TransposedLayout<SmemLayoutPt, kBlockN, kBlockM>;
+  using SmemLayoutQtPlain = decltype(get_nonswizzle_portion(SmemLayoutQt{}));
+  using SmemLayoutKtPlain = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
+  using SmemLayoutdSPlain = decltype(get_nonswizzle_portion(SmemLayoutdS{}));
+
+  using LdsmAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using LdsmTransAtom = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using StoreAtom = Copy_Atom<UniversalCopy<std::uint32_t>, Element>;  // accumulator pairs, 4 bytes
+
+  static constexpr int kThreadsPerRow = kChunk / 8;
+  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, _8>>{}));
+
+  static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
+  static constexpr int kRowBytes = 2 * kBlockM * int(sizeof(float));  // LSE and D of a query tile
+  // dK/dV kernel: K, V; kStages x (Q, dO); P^T, dS^T; kStages x (LSE, D).
+  static constexpr int kSmemDkdv =
+      (2 * kTileKV + kStages * 2 * kTileQ + 2 * kTileP) * int(sizeof(Element)) + kStages * kRowBytes;
+  // dQ kernel: Q, dO; kStages x (K, V); dS^T; LSE, D.
+  static constexpr int kSmemDq =
+      (2 * kTileQ + kStages * 2 * kTileKV + kTileP) * int(sizeof(Element)) + kRowBytes;
+};
+
+__device__ __forceinline__ void cp_async_4(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+
+// Where one sequence's rows live, and the mask and modifiers of one head.
+struct BwdSeq {
+  int q_start, k_start, sq, sk;
+  std::int64_t row_base;  // index of the sequence's first query row in the [heads][rows_total] scratch
+
+  __device__ BwdSeq(const BwdParams& p, int b) {
+    const FwdParams& f = p.fwd;
+    q_start = 0, k_start = 0, sq = f.seqlen_q, sk = f.seqlen_k;
+    if (f.cu_q != nullptr) {
+      q_start = f.cu_q[b];
+      sq = f.cu_q[b + 1] - q_start;
+      k_start = f.cu_k[b];
+      sk = f.cu_k[b + 1] - k_start;
+    }
+    row_base = f.cu_q != nullptr ? q_start : std::int64_t(b) * f.seqlen_q;
+  }
+};
+
+struct BwdHead {
+  ScoreMod mod;
+  unsigned bh;
+  __device__ BwdHead(const FwdParams& f, int b, int h) : mod{f.scale, f.softcap, 0.f}, bh(unsigned(b * f.heads_q + h)) {
+    if (f.alibi != nullptr) mod.alibi = f.alibi[b * f.alibi_batch + h * f.alibi_head];
+  }
+};
+
+// Loads one query tile's Q, dO (cp.async, rows past the sequence zeroed), LSE and D. Rows past
+// the sequence get LSE = -inf, so that their probabilities are 0.
+template <class T, class SQ, class SdO>
+__device__ __forceinline__ void load_query_tile(const BwdParams& p, const BwdSeq& s, int b, int h, int m0, SQ sQ,
+                                                SdO sdO, float* sLse, float* sDsum, int tid) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kHeadDim = T::kHeadDim;
+  const FwdParams& f = p.fwd;
+  const int rows = s.sq - m0;
+  const Element* q = static_cast<const Element*>(f.q) + b * f.q_batch + std::int64_t(s.q_start + m0) * f.q_row + h * f.q_head;
+  const Element* dO = static_cast<const Element*>(p.dout) + b * p.do_batch + std::int64_t(s.q_start + m0) * p.do_row +
+                      h * p.do_head;
+  using Tile = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  Tensor gQ = make_tensor(make_gmem_ptr(q), Tile{}, make_stride(f.q_row, _1{}));
+  Tensor gdO = make_tensor(make_gmem_ptr(dO), Tile{}, make_stride(p.do_row, _1{}));
+  typename T::GmemLoad gload;
+  auto gl = gload.get_thread_slice(tid);
+  Tensor c = gl.partition_S(make_identity_tensor(Tile{}));
+  copy_tile<true, true, true>(gload, gl.partition_S(gQ), gl.partition_D(sQ), c, rows, f.d_qk);
+  copy_tile<true, true, true>(gload, gl.partition_S(gdO), gl.partition_D(sdO), c, rows, f.d_v);
+  for (int r = tid; r < kBlockM; r += T::kThreads) {
+    if (r < rows) {
+      cp_async_4(sLse + r, f.lse + b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row);
+      cp_async_4(sDsum + r, p.dsum + h * p.rows_total + s.row_base + m0 + r);
+    } else {
+      sLse[r] = -INFINITY;
+      sDsum[r] = 0.f;
+    }
+  }
+}
+
+// P^T and dS^T of one (key tile n0, query tile m0) pair, written to sPt (with dropout applied and
+// kept values scaled by 1 / (1 - p); skipped unless kWriteP) and sdSt, in the element type.
+// `masked`: the tile is cut by the mask or the sequence's last key.
+template <class T, bool kMods, bool kWriteP, class SK, class SV, class SQ, class SdO, class SPt, class SdSt>
+__device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
+                                           int n0, int m0, const SK& sK, const SV& sV, const SQ& sQ, const SdO& sdO,
+                                           const float* sLse, const float* sDsum, SPt& sPt, SdSt& sdSt, int tid) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
+  typename T::MmaSdP mma;
+  auto tm = mma.get_thread_slice(tid);
+  auto ld_a = make_tiled_copy_A(typename T::LdsmAtom{}, mma);
+  auto ld_b = make_tiled_copy_B(typename T::LdsmAtom{}, mma);
+  auto ld_a_thr = ld_a.get_thread_slice(tid);
+  auto ld_b_thr = ld_b.get_thread_slice(tid);
+
+  Tensor acc_s = partition_fragment_C(mma, TileS{});
+  clear(acc_s);
+  {
+    Tensor rK = tm.partition_fragment_A(sK);
+    Tensor rQ = tm.partition_fragment_B(sQ);
+    gemm_ss(acc_s, rK, rQ, ld_a_thr.partition_S(sK), ld_b_thr.partition_S(sQ), mma, ld_a, ld_b, tid);
+  }
+
+  Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  Tensor cS = tm.partition_C(make_identity_tensor(TileS{}));
+  Tensor c = make_tensor(cS.data(), rowcol(cS.layout()));
+  constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
+  float lse2[kC], dsum[kC];
+  CUTE_UNROLL
+  for (int j = 0; j < kC; ++j) {
+    const int q = get<1>(c(0, j));
+    const float l = sLse[q];
+    lse2[j] = l == -INFINITY ? INFINITY : l * kLog2e;
+    dsum[j] = sDsum[q];
+  }
+
+  // P^T; with a softcap, dsc keeps d(score)/d(qk) per element for dS.
+  Tensor dsc = make_tensor<float>(Shape<Int<kR>, Int<kC>>{});
+  const bool softcap = kMods && f.softcap > 0.f;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    const int key = n0 + get<0>(c(i, 0));
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      const int q = m0 + get<1>(c(i, j));
+      float x;
+      if constexpr (kMods) {
+        const float capped = hd.mod.capped(s(i, j));
+        if (softcap) dsc(i, j) = hd.mod.dscore(capped);
+        x = (capped - hd.mod.alibi_bias(q, key, mask.diag_offset)) * kLog2e;
+      } else {
+        x = s(i, j) * f.scale_log2;
+      }
+      if (masked && !mask.visible(q, key)) x = -INFINITY;
+      s(i, j) = exp2f(x - lse2[j]);
+    }
+  }
+
+  Tensor acc_dp = partition_fragment_C(mma, TileS{});
+  clear(acc_dp);
+  {
+    Tensor rV = tm.partition_fragment_A(sV);
+    Tensor rdO = tm.partition_fragment_B(sdO);
+    gemm_ss(acc_dp, rV, rdO, ld_a_thr.partition_S(sV), ld_b_thr.partition_S(sdO), mma, ld_a, ld_b, tid);
+  }
+
+  // dS^T = P^T * (dP^T - D) * d(score)/d(qk), with dropout's zeros and 1 / (1 - p) on dP and P.
+  Tensor dp = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
+  const bool dropout = kMods && f.dropout;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    const int key = n0 + get<0>(c(i, 0));
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      float d = dp(i, j);
+      if (dropout) {
+        const bool keep = f.drop.keep(hd.bh, unsigned(m0 + get<1>(c(i, j))), unsigned(key));
+        d = keep ? d * f.drop.keep_scale : 0.f;
+        if constexpr (kWriteP) {
+          const float pd = keep ? s(i, j) * f.drop.keep_scale : 0.f;
+          dp(i, j) = s(i, j) * (d - dsum[j]) * (softcap ? dsc(i, j) : f.scale);
+          s(i, j) = pd;
+          continue;
+        }
+      }
+      dp(i, j) = s(i, j) * (d - dsum[j]) * (softcap ? dsc(i, j) : f.scale);
+    }
+  }
+
+  auto st = make_tiled_copy_C(typename T::StoreAtom{}, mma);
+  auto st_thr = st.get_thread_slice(tid);
+  if constexpr (kWriteP) {
+    Tensor rP = convert<Element>(acc_s);
+    copy(st, st_thr.retile_S(rP), st_thr.partition_D(sPt));
+  }
+  Tensor rdS = convert<Element>(acc_dp);
+  copy(st, st_thr.retile_S(rdS), st_thr.partition_D(sdSt));
+}
+
+// acc += dS K for one (query tile, key tile) pair: dS read as the transpose of sdSt, K as sK's.
+template <class T, class Acc, class SdSt, class SK>
+__device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK, int tid) {
+  typename T::MmaQ mma;
+  auto tm = mma.get_thread_slice(tid);
+  Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
+  Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
+  Tensor rdS = tm.partition_fragment_A(make_tensor(sdSt.data(), typename T::SmemLayoutdSPlain{}));
+  Tensor rKt = tm.partition_fragment_B(make_tensor(sK.data(), typename T::SmemLayoutKtPlain{}));
+  auto ld_a = make_tiled_copy_A(typename T::LdsmTransAtom{}, mma);
+  auto ld_b = make_tiled_copy_B(typename T::LdsmTransAtom{}, mma);
+  gemm_ss(acc, rdS, rKt, ld_a.get_thread_slice(tid).partition_S(sdS), ld_b.get_thread_slice(tid).partition_S(sKt), mma,
+          ld_a, ld_b, tid);
+}
+
+// Writes a (rows x D) fp32 accumulator of `Mma` to global memory as the element type, through the
+// shared tile `stage` (free for the purpose), rows < max_rows and columns < max_cols only.
+template <class T, class Mma, class Acc, class Stage, class G>
+__device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, int max_rows, int max_cols, int tid) {
+  using Element = typename T::Element;
+  Tensor r = convert<Element>(acc);
+  Mma mma;
+  auto st = make_tiled_copy_C(typename T::StoreAtom{}, mma);
+  auto st_thr = st.get_thread_slice(tid);
+  copy(st, st_thr.retile_S(r), st_thr.partition_D(stage));
+  __syncthreads();
+  typename T::GmemStore gstore;
+  auto gs = gstore.get_thread_slice(tid);
+  copy_tile<true, true, false>(gstore, gs.partition_S(stage), gs.partition_D(g),
+                               gs.partition_S(make_identity_tensor(make_shape(size<0>(stage), size<1>(stage)))), max_rows,
+                               max_cols);
+}
+
+template <class T, bool kMods, bool kAtomicDq>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
+  constexpr int kTileQ = T::kTileQ, kTileKV = T::kTileKV, kTileP = T::kTileP;
+  extern __shared__ __align__(128) char smem[];
+  const FwdParams& f = p.fwd;
+  const int n_block = blockIdx.x, b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
+  const BwdSeq s(p, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= s.sk) return;
+  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const int n1 = min(n0 + kBlockN, s.sk);
+  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  const int m_lo = row_lo / kBlockM;
+  const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
+  const int iters = tiles * f.group;
+
+  Element* base = reinterpret_cast<Element*>(smem);
+  Tensor sK = make_tensor(make_smem_ptr(base), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + kTileKV, typename T::SmemLayoutKV{});
+  Element* q_base = base + 2 * kTileKV;  // kStages x (Q, dO)
+  Tensor sPt = make_tensor(make_smem_ptr(q_base + kStages * 2 * kTileQ), typename T::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(sPt.data() + kTileP, typename T::SmemLayoutPt{});
+  float* rows_base = reinterpret_cast<float*>(q_base + kStages * 2 * kTileQ + 2 * kTileP);
+  auto sQ = [&](int st) { return make_tensor(make_smem_ptr(q_base + st * 2 * kTileQ), typename T::SmemLayoutQ{}); };
+  auto sdO = [&](int st) {
+    return make_tensor(make_smem_ptr(q_base + st * 2 * kTileQ + kTileQ), typename T::SmemLayoutQ{});
+  };
+  auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
+  auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
+
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  const std::int64_t k_row0 = s.k_start + n0;
+  {
+    const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + k_row0 * f.k_row + hk * f.k_head;
+    const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + k_row0 * f.v_row + hk * f.v_head;
+    Tensor gK = make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(f.k_row, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(f.v_row, _1{}));
+    typename T::GmemLoad gload;
+    auto gl = gload.get_thread_slice(tid);
+    Tensor c = gl.partition_S(make_identity_tensor(TileKV{}));
+    copy_tile<true, true, true>(gload, gl.partition_S(gK), gl.partition_D(sK), c, s.sk - n0, f.d_qk);
+    copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), c, s.sk - n0, f.d_v);
+  }
+  // Iteration t visits head hk * group + t / tiles, query tile m_lo + t % tiles.
+  auto load = [&](int t, int st) {
+    const int h = hk * f.group + t / tiles, m0 = (m_lo + t % tiles) * kBlockM;
+    auto q = sQ(st);
+    auto d = sdO(st);
+    load_query_tile<T>(p, s, b, h, m0, q, d, sLse(st), sDsum(st), tid);
+  };
+  if (iters > 0) load(0, 0);
+  cp_async_fence();
+
+  typename T::MmaKV mma_kv;
+  auto tk = mma_kv.get_thread_slice(tid);
+  Tensor acc_dk = partition_fragment_C(mma_kv, TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_kv, TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+  auto ld_kv_a = make_tiled_copy_A(typename T::LdsmAtom{}, mma_kv);
+  auto ld_kv_b = make_tiled_copy_B(typename T::LdsmTransAtom{}, mma_kv);
+  Tensor rPt = tk.partition_fragment_A(sPt);
+  Tensor sPt_ld = ld_kv_a.get_thread_slice(tid).partition_S(sPt);
+  Tensor sdSt_ld = ld_kv_a.get_thread_slice(tid).partition_S(sdSt);
+
+  for (int t = 0; t < iters; ++t) {
+    const int st = kStages == 2 ? t & 1 : 0;
+    const int h = hk * f.group + t / tiles, m0 = (m_lo + t % tiles) * kBlockM;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warp is done with the last tile
+    if (kStages == 2 && t + 1 < iters) {
+      load(t + 1, st ^ 1);
+      cp_async_fence();
+    }
+    const BwdHead hd(f, b, h);
+    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
+    auto q = sQ(st);
+    auto d = sdO(st);
+    tile_grads<T, kMods, true>(f, mask, hd, masked, n0, m0, sK, sV, q, d, sLse(st), sDsum(st), sPt, sdSt, tid);
+    __syncthreads();  // P^T and dS^T are in shared memory
+
+    {
+      Tensor sdOt = make_tensor(d.data(), typename T::SmemLayoutQt{});
+      Tensor rdOt = tk.partition_fragment_B(make_tensor(d.data(), typename T::SmemLayoutQtPlain{}));
+      gemm_ss(acc_dv, rPt, rdOt, sPt_ld, ld_kv_b.get_thread_slice(tid).partition_S(sdOt), mma_kv, ld_kv_a, ld_kv_b, tid);
+      Tensor sQt = make_tensor(q.data(), typename T::SmemLayoutQt{});
+      Tensor rQt = tk.partition_fragment_B(make_tensor(q.data(), typename T::SmemLayoutQtPlain{}));
+      gemm_ss(acc_dk, rPt, rQt, sdSt_ld, ld_kv_b.get_thread_slice(tid).partition_S(sQt), mma_kv, ld_kv_a, ld_kv_b, tid);
+    }
+    if (kStages == 1) {
+      __syncthreads();  // every warp is done with Q and dO
+      if (t + 1 < iters) {
+        load(t + 1, 0);
+        cp_async_fence();
+      }
+    }
+
+    if constexpr (kAtomicDq) {
+      typename T::MmaQ mma_q;
+      using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+      Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
+      clear(acc_dq);
+      tile_dq<T>(acc_dq, sdSt, sK, tid);
+      Tensor cQ = mma_q.get_thread_slice(tid).partition_C(make_identity_tensor(TileQ{}));
+      float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * p.dq_cols;
+      const int rows = s.sq - m0;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) {  // (i, i + 1): adjacent columns of one row
+        const int r = get<0>(cQ(i)), col = get<1>(cQ(i));
+        if (r < rows) {
+          float* at = dq + r * p.dq_cols + col;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+          atomicAdd(at, acc_dq(i));
+          atomicAdd(at + 1, acc_dq(i + 1));
+#endif
+        }
+      }
+    }
+  }
+
+  // dK and dV through the K and V tiles' shared memory.
+  __syncthreads();
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
+  store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tid);
+  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
+}
+
+template <class T, bool kMods>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
+  constexpr int kTileQ = T::kTileQ, kTileKV = T::kTileKV, kTileP = T::kTileP;
+  extern __shared__ __align__(128) char smem[];
+  const FwdParams& f = p.fwd;
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x), b = blockIdx.y, h = blockIdx.z, tid = threadIdx.x;
+  const int hk = h / f.group;
+  const BwdSeq s(p, b);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= s.sq) return;
+  const int rows = min(kBlockM, s.sq - m0);
+  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const int key_lo = max(mask.block_key_begin(m0), 0);
+  const int key_hi = min(mask.block_key_end(m0 + rows), s.sk);
+  const int n_min = key_lo / kBlockN;
+  const int n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
+
+  Element* base = reinterpret_cast<Element*>(smem);
+  Tensor sQ = make_tensor(make_smem_ptr(base), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(sQ.data() + kTileQ, typename T::SmemLayoutQ{});
+  Element* kv_base = base + 2 * kTileQ;  // kStages x (K, V)
+  Tensor sdSt = make_tensor(make_smem_ptr(kv_base + kStages * 2 * kTileKV), typename T::SmemLayoutPt{});
+  float* sLse = reinterpret_cast<float*>(kv_base + kStages * 2 * kTileKV + kTileP);
+  float* sDsum = sLse + kBlockM;
+  auto sK = [&](int st) { return make_tensor(make_smem_ptr(kv_base + st * 2 * kTileKV), typename T::SmemLayoutKV{}); };
+  auto sV = [&](int st) {
+    return make_tensor(make_smem_ptr(kv_base + st * 2 * kTileKV + kTileKV), typename T::SmemLayoutKV{});
+  };
+
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + std::int64_t(s.k_start) * f.k_row + hk * f.k_head;
+  const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + std::int64_t(s.k_start) * f.v_row + hk * f.v_head;
+  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k), make_shape(s.sk, Int<kHeadDim>{}), make_stride(f.k_row, _1{})),
+                         TileKV{}, make_coord(_, 0));
+  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v), make_shape(s.sk, Int<kHeadDim>{}), make_stride(f.v_row, _1{})),
+                         TileKV{}, make_coord(_, 0));
+  typename T::GmemLoad gload;
+  auto gl = gload.get_thread_slice(tid);
+  Tensor cKV = gl.partition_S(make_identity_tensor(TileKV{}));
+  auto load_kv = [&](int n, int st) {
+    auto dk = sK(st);
+    auto dv = sV(st);
+    copy_tile<true, true, true>(gload, gl.partition_S(gK(_, _, n)), gl.partition_D(dk), cKV, s.sk - n * kBlockN, f.d_qk);
+    copy_tile<true, true, true>(gload, gl.partition_S(gV(_, _, n)), gl.partition_D(dv), cKV, s.sk - n * kBlockN, f.d_v);
+  };
+
+  load_query_tile<T>(p, s, b, h, m0, sQ, sdO, sLse, sDsum, tid);
+  if (n_max > n_min) load_kv(n_max - 1, 0);
+  cp_async_fence();
+
+  typename T::MmaQ mma_q;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
+  clear(acc_dq);
+  const BwdHead hd(f, b, h);
+  for (int n = n_max - 1, t = 0; n >= n_min; --n, ++t) {
+    const int st = kStages == 2 ? t & 1 : 0;
+    const int n0 = n * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // K[n], V[n] have landed; every warp is done with the last pair
+    if (kStages == 2 && n > n_min) {
+      load_kv(n - 1, st ^ 1);
+      cp_async_fence();
+    }
+    const bool masked = !mask.block_full(m0, m0 + rows, n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
+    auto kt = sK(st);
+    auto vt = sV(st);
+    tile_grads<T, kMods, false>(f, mask, hd, masked, n0, m0, kt, vt, sQ, sdO, sLse, sDsum, sdSt, sdSt, tid);
+    __syncthreads();  // dS^T is in shared memory
+    tile_dq<T>(acc_dq, sdSt, kt, tid);
+    if (kStages == 1 && n > n_min) {
+      __syncthreads();  // every warp is done with K and V
+      load_kv(n - 1, 0);
+      cp_async_fence();
+    }
+  }
+
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + std::int64_t(s.q_start + m0) * p.dq_row + h * p.dq_head;
+  Tensor gdQ = make_tensor(make_gmem_ptr(dq), TileQ{}, make_stride(p.dq_row, _1{}));
+  store_acc<T, typename T::MmaQ>(acc_dq, sQ, gdQ, rows, f.d_qk, tid);
+}
+
+}  // namespace tileattn::cuda

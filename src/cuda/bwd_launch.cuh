@@ -1,0 +1,58 @@
+// Tile shapes per head dim and the launches of the backward kernels; included by the generated
+// instantiation units only.
+#pragma once
+
+#include "cuda/bwd_kernel.cuh"
+#include "cuda/element.cuh"
+#include "cuda/bwd_launch.hpp"
+#include "cuda/runtime.hpp"
+
+namespace tileattn::cuda {
+
+// (M, N, warps, warps along keys for S^T, along keys for dK/dV, along queries for dQ, stages): 64-row
+// query tiles on 8 warps as FlashAttention-2 uses, 128-key tiles up to head dim 128 and 64 beyond,
+// where the dK and dV accumulators alone take 128 registers a thread. Head dims over 128 keep one
+// Q / dO stage so that the dK/dV kernel's 144 KB of shared memory fits an A100.
+template <class E, int D> struct BwdConfig;
+template <class E> struct BwdConfig<E, 64> { using type = BwdTraits<E, 64, 64, 128, 8, 4, 4, 4, 2>; };
+template <class E> struct BwdConfig<E, 96> { using type = BwdTraits<E, 96, 64, 128, 8, 4, 4, 4, 2>; };
+template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64, 128, 8, 4, 4, 2, 2>; };
+template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
+template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
+
+template <class Kernel>
+void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
+                   const char* what) {
+  if (grid.x == 0) return;  // no rows on this side (seqlen 0): nothing to write
+  if (smem > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
+  kernel<<<grid, threads, smem, stream>>>(p);
+  check_launch(what);
+}
+
+template <class T, bool kMods>
+void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
+  const dim3 kv_grid((g.max_seqlen_k + T::kBlockN - 1) / T::kBlockN, g.batch, g.heads_kv);
+  if (g.deterministic) {
+    launch_kernel(bwd_dkdv_kernel<T, kMods, false>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
+                  "launching the backward dK/dV kernel");
+    const dim3 q_grid((g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, g.batch, g.heads_q);
+    launch_kernel(bwd_dq_kernel<T, kMods>, q_grid, T::kThreads, T::kSmemDq, g.stream, p,
+                  "launching the backward dQ kernel");
+  } else {
+    launch_kernel(bwd_dkdv_kernel<T, kMods, true>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
+                  "launching the backward dK/dV kernel");
+  }
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_bwd(const BwdParams& p, const BwdGrid& g) {
+  using T = typename BwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  if (g.mods)
+    launch_bwd_traits<T, true>(p, g);
+  else
+    launch_bwd_traits<T, false>(p, g);
+}
+
+}  // namespace tileattn::cuda

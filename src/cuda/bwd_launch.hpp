@@ -1,0 +1,32 @@
+// The backward kernels as seen from host code: one launcher per (dtype, head dim), defined in
+// generated translation units (see CMakeLists.txt) and listed in instances.inc, plus the
+// per-row kernels around them (bwd_rows.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/bwd_params.hpp"
+#include "tileattn/tensor.hpp"
+
+namespace tileattn::cuda {
+
+struct BwdGrid {
+  int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k;
+  bool mods;           // softcap, ALiBi, dropout or a non-positive scale
+  bool deterministic;  // dQ from its own kernel rather than atomics
+  cudaStream_t stream;
+};
+
+// Launches the dK/dV kernel and, in the deterministic mode, the dQ kernel.
+template <DType kDtype, int kHeadDim>
+void launch_bwd(const BwdParams& p, const BwdGrid& g);
+
+// The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
+int backward_instance_hdim(DType dtype, int hdim);
+
+// D = rowsum(dO * O) into p.dsum.
+void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream);
+// dQ = the fp32 accumulator rows, as the element type.
+void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream);
+
+}  // namespace tileattn::cuda

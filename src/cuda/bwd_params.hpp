@@ -1,0 +1,28 @@
+// The backward kernels' arguments: the forward's (fwd.o is the forward's output, fwd.lse its LSE,
+// both read) plus the output gradient, the gradients and the fp32 scratch rows.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/fwd_params.hpp"
+
+namespace tileattn::cuda {
+
+struct BwdParams {
+  FwdParams fwd;
+  const void* dout;
+  void *dq, *dk, *dv;
+  std::int64_t do_batch, do_row, do_head;
+  std::int64_t dq_batch, dq_row, dq_head;
+  std::int64_t dk_batch, dk_row, dk_head;
+  std::int64_t dv_batch, dv_row, dv_head;
+  // Scratch indexed by (query head, row of the whole batch): a row's index is b * seqlen_q + i
+  // (batched) or cu_seqlens_q[b] + i (varlen), out of rows_total.
+  float* dsum;      // [heads_q][rows_total]: D = rowsum(dO * O)
+  float* dq_accum;  // [heads_q][rows_total][dq_cols]: dQ summed over key blocks (atomic mode)
+  std::int64_t rows_total;
+  int dq_cols;      // the kernel's head dim
+  int batch;
+};
+
+}  // namespace tileattn::cuda

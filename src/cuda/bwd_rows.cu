@@ -1,0 +1,85 @@
+// The backward's per-row kernels, one warp per (row, head), 16-byte accesses: D = rowsum(dO * O)
+// before the main kernels, and the fp32 dQ accumulator converted to the output dtype after them.
+#include <cuda_runtime.h>
+
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "cuda/bwd_launch.hpp"
+#include "cuda/element.cuh"
+#include "cuda/runtime.hpp"
+
+namespace tileattn::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// The element offset of (row of the whole batch, head) in a tensor with these strides.
+__device__ __forceinline__ std::int64_t row_offset(const BwdParams& p, std::int64_t row, int h, std::int64_t batch,
+                                                   std::int64_t row_stride, std::int64_t head_stride) {
+  const bool varlen = p.fwd.cu_q != nullptr;
+  const std::int64_t b = varlen ? 0 : row / p.fwd.seqlen_q, i = varlen ? row : row % p.fwd.seqlen_q;
+  return b * batch + i * row_stride + h * head_stride;
+}
+
+using Vec8 = cutlass::Array<float, 8>;
+
+template <class E>
+__device__ __forceinline__ Vec8 load8(const E* at) {
+  const auto raw = *reinterpret_cast<const cutlass::Array<E, 8>*>(at);
+  return cutlass::NumericArrayConverter<float, E, 8>{}(raw);
+}
+
+template <class E>
+__global__ void dsum_kernel(const BwdParams p) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int h = blockIdx.y, lane = threadIdx.x % 32;
+  if (row >= p.rows_total) return;
+  const FwdParams& f = p.fwd;
+  const E* o = static_cast<const E*>(f.o) + row_offset(p, row, h, f.o_batch, f.o_row, f.o_head);
+  const E* dO = static_cast<const E*>(p.dout) + row_offset(p, row, h, p.do_batch, p.do_row, p.do_head);
+  float sum = 0.f;
+  for (int c = lane * 8; c < f.d_v; c += 32 * 8) {
+    const Vec8 a = load8(o + c), d = load8(dO + c);
+    for (int e = 0; e < 8; ++e) sum += a[e] * d[e];
+  }
+  for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (lane == 0) p.dsum[h * p.rows_total + row] = sum;
+}
+
+template <class E>
+__global__ void dq_convert_kernel(const BwdParams p) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int h = blockIdx.y, lane = threadIdx.x % 32;
+  if (row >= p.rows_total) return;
+  const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
+  E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
+  for (int c = lane * 8; c < p.fwd.d_qk; c += 32 * 8) {
+    const Vec8 v = *reinterpret_cast<const Vec8*>(acc + c);
+    *reinterpret_cast<cutlass::Array<E, 8>*>(dq + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
+  }
+}
+
+using RowKernel = void (*)(BwdParams);
+
+void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, cudaStream_t stream,
+                 const char* what) {
+  if (p.rows_total == 0) return;
+  const dim3 grid(unsigned((p.rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock), p.fwd.heads_q);
+  (dtype == DType::f16 ? f16 : bf16)<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  check_launch(what);
+}
+
+}  // namespace
+
+void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream) {
+  launch_rows(dsum_kernel<ElementOf<DType::f16>::type>, dsum_kernel<ElementOf<DType::bf16>::type>, dtype, p, stream,
+              "launching the backward's D = rowsum(dO * O) kernel");
+}
+
+void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {
+  launch_rows(dq_convert_kernel<ElementOf<DType::f16>::type>, dq_convert_kernel<ElementOf<DType::bf16>::type>, dtype,
+              p, stream, "launching the backward's dQ conversion kernel");
+}
+
+}  // namespace tileattn::cuda
