@@ -137,8 +137,13 @@ __device__ __forceinline__ void load_query_tile(const BwdParams& p, const BwdSeq
   typename T::GmemLoad gload;
   auto gl = gload.get_thread_slice(tid);
   Tensor c = gl.partition_S(make_identity_tensor(Tile{}));
-  copy_tile<true, true, true>(gload, gl.partition_S(gQ), gl.partition_D(sQ), c, rows, f.d_qk);
-  copy_tile<true, true, true>(gload, gl.partition_S(gdO), gl.partition_D(sdO), c, rows, f.d_v);
+  if (rows >= kBlockM && f.d_qk == kHeadDim && f.d_v == kHeadDim) {  // whole tiles skip the checks
+    copy_tile<false, false, false>(gload, gl.partition_S(gQ), gl.partition_D(sQ), c, rows, f.d_qk);
+    copy_tile<false, false, false>(gload, gl.partition_S(gdO), gl.partition_D(sdO), c, rows, f.d_v);
+  } else {
+    copy_tile<true, true, true>(gload, gl.partition_S(gQ), gl.partition_D(sQ), c, rows, f.d_qk);
+    copy_tile<true, true, true>(gload, gl.partition_S(gdO), gl.partition_D(sdO), c, rows, f.d_v);
+  }
   for (int r = tid; r < kBlockM; r += T::kThreads) {
     if (r < rows) {
       cp_async_4(sLse + r, f.lse + b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row);
@@ -151,12 +156,16 @@ __device__ __forceinline__ void load_query_tile(const BwdParams& p, const BwdSeq
 }
 
 // P^T and dS^T of one (key tile n0, query tile m0) pair, written to sPt (with dropout applied and
-// kept values scaled by 1 / (1 - p); skipped unless kWriteP) and sdSt, in the element type.
-// `masked`: the tile is cut by the mask or the sequence's last key.
-template <class T, bool kMods, bool kWriteP, class SK, class SV, class SQ, class SdO, class SPt, class SdSt>
+// kept values scaled by 1 / (1 - p); skipped unless kWriteP) and sdSt, in the element type. dS^T
+// leaves out the softmax scale when there is no softcap (the callers apply it once, to dK and dQ).
+// sK, sV, sQ, sdO are the first stage's tiles; koff and qoff (elements) select the stage, added to
+// partitions built once, as no stage offset touches the swizzled bits. `masked`: the tile is cut by
+// the mask or the sequence's last key.
+template <class T, bool kMods, bool kWriteP, class SK, class SQ, class SPt>
 __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
-                                           int n0, int m0, const SK& sK, const SV& sV, const SQ& sQ, const SdO& sdO,
-                                           const float* sLse, const float* sDsum, SPt& sPt, SdSt& sdSt, int tid) {
+                                           int n0, int m0, const SK& sK, const SK& sV, int koff, const SQ& sQ,
+                                           const SQ& sdO, int qoff, const float* sLse, const float* sDsum, SPt& sPt,
+                                           SPt& sdSt, int tid) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
@@ -166,13 +175,18 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
   auto ld_b = make_tiled_copy_B(typename T::LdsmAtom{}, mma);
   auto ld_a_thr = ld_a.get_thread_slice(tid);
   auto ld_b_thr = ld_b.get_thread_slice(tid);
+  auto at = [](auto t, int off) {
+    t.data() = t.data() + off;
+    return t;
+  };
 
   Tensor acc_s = partition_fragment_C(mma, TileS{});
   clear(acc_s);
   {
     Tensor rK = tm.partition_fragment_A(sK);
     Tensor rQ = tm.partition_fragment_B(sQ);
-    gemm_ss(acc_s, rK, rQ, ld_a_thr.partition_S(sK), ld_b_thr.partition_S(sQ), mma, ld_a, ld_b, tid);
+    gemm_ss(acc_s, rK, rQ, at(ld_a_thr.partition_S(sK), koff), at(ld_b_thr.partition_S(sQ), qoff), mma, ld_a, ld_b,
+            tid);
   }
 
   Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
@@ -188,26 +202,36 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
     dsum[j] = sDsum[q];
   }
 
-  // P^T; with a softcap, dsc keeps d(score)/d(qk) per element for dS.
+  // Scores in log2 units (plain kernel: the scale is folded into the exponent); with a softcap,
+  // dsc keeps d(score)/d(qk) per element for dS.
   Tensor dsc = make_tensor<float>(Shape<Int<kR>, Int<kC>>{});
   const bool softcap = kMods && f.softcap > 0.f;
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    const int key = n0 + get<0>(c(i, 0));
+  if constexpr (kMods) {
     CUTE_UNROLL
-    for (int j = 0; j < kC; ++j) {
-      const int q = m0 + get<1>(c(i, j));
-      float x;
-      if constexpr (kMods) {
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      CUTE_UNROLL
+      for (int j = 0; j < kC; ++j) {
         const float capped = hd.mod.capped(s(i, j));
         if (softcap) dsc(i, j) = hd.mod.dscore(capped);
-        x = (capped - hd.mod.alibi_bias(q, key, mask.diag_offset)) * kLog2e;
-      } else {
-        x = s(i, j) * f.scale_log2;
+        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, mask.diag_offset)) * kLog2e;
       }
-      if (masked && !mask.visible(q, key)) x = -INFINITY;
-      s(i, j) = exp2f(x - lse2[j]);
     }
+  }
+  if (masked) {
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      CUTE_UNROLL
+      for (int j = 0; j < kC; ++j)
+        if (!mask.visible(m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
+    }
+  }
+  const float scale_log2 = kMods ? 1.f : f.scale_log2;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) s(i, j) = exp2f(fmaf(s(i, j), scale_log2, -lse2[j]));
   }
 
   Tensor acc_dp = partition_fragment_C(mma, TileS{});
@@ -215,10 +239,12 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
   {
     Tensor rV = tm.partition_fragment_A(sV);
     Tensor rdO = tm.partition_fragment_B(sdO);
-    gemm_ss(acc_dp, rV, rdO, ld_a_thr.partition_S(sV), ld_b_thr.partition_S(sdO), mma, ld_a, ld_b, tid);
+    gemm_ss(acc_dp, rV, rdO, at(ld_a_thr.partition_S(sV), koff), at(ld_b_thr.partition_S(sdO), qoff), mma, ld_a,
+            ld_b, tid);
   }
 
-  // dS^T = P^T * (dP^T - D) * d(score)/d(qk), with dropout's zeros and 1 / (1 - p) on dP and P.
+  // dS^T = P^T * (dP^T - D) (times d(score)/d(qk) under a softcap), with dropout's zeros and
+  // 1 / (1 - p) on dP and P.
   Tensor dp = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
   const bool dropout = kMods && f.dropout;
   CUTE_UNROLL
@@ -227,17 +253,13 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
     CUTE_UNROLL
     for (int j = 0; j < kC; ++j) {
       float d = dp(i, j);
+      const float p = s(i, j);
       if (dropout) {
         const bool keep = f.drop.keep(hd.bh, unsigned(m0 + get<1>(c(i, j))), unsigned(key));
         d = keep ? d * f.drop.keep_scale : 0.f;
-        if constexpr (kWriteP) {
-          const float pd = keep ? s(i, j) * f.drop.keep_scale : 0.f;
-          dp(i, j) = s(i, j) * (d - dsum[j]) * (softcap ? dsc(i, j) : f.scale);
-          s(i, j) = pd;
-          continue;
-        }
+        s(i, j) = keep ? p * f.drop.keep_scale : 0.f;
       }
-      dp(i, j) = s(i, j) * (d - dsum[j]) * (softcap ? dsc(i, j) : f.scale);
+      dp(i, j) = softcap ? p * (d - dsum[j]) * dsc(i, j) : p * (d - dsum[j]);
     }
   }
 
@@ -253,7 +275,7 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
 
 // acc += dS K for one (query tile, key tile) pair: dS read as the transpose of sdSt, K as sK's.
 template <class T, class Acc, class SdSt, class SK>
-__device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK, int tid) {
+__device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK, int koff, int tid) {
   typename T::MmaQ mma;
   auto tm = mma.get_thread_slice(tid);
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
@@ -262,8 +284,9 @@ __device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK
   Tensor rKt = tm.partition_fragment_B(make_tensor(sK.data(), typename T::SmemLayoutKtPlain{}));
   auto ld_a = make_tiled_copy_A(typename T::LdsmTransAtom{}, mma);
   auto ld_b = make_tiled_copy_B(typename T::LdsmTransAtom{}, mma);
-  gemm_ss(acc, rdS, rKt, ld_a.get_thread_slice(tid).partition_S(sdS), ld_b.get_thread_slice(tid).partition_S(sKt), mma,
-          ld_a, ld_b, tid);
+  Tensor sKt_ld = ld_b.get_thread_slice(tid).partition_S(sKt);
+  sKt_ld.data() = sKt_ld.data() + koff;
+  gemm_ss(acc, rdS, rKt, ld_a.get_thread_slice(tid).partition_S(sdS), sKt_ld, mma, ld_a, ld_b, tid);
 }
 
 // Writes a (rows x D) fp32 accumulator of `Mma` to global memory as the element type, through the
@@ -350,6 +373,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   Tensor rPt = tk.partition_fragment_A(sPt);
   Tensor sPt_ld = ld_kv_a.get_thread_slice(tid).partition_S(sPt);
   Tensor sdSt_ld = ld_kv_a.get_thread_slice(tid).partition_S(sdSt);
+  // Q^T and dO^T of the first stage; a stage's offset is added per tile.
+  Tensor q0 = sQ(0), d0 = sdO(0);
+  Tensor rQt = tk.partition_fragment_B(make_tensor(q0.data(), typename T::SmemLayoutQtPlain{}));
+  Tensor sQt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(q0.data(), typename T::SmemLayoutQt{}));
+  Tensor sdOt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(d0.data(), typename T::SmemLayoutQt{}));
 
   for (int t = 0; t < iters; ++t) {
     const int st = kStages == 2 ? t & 1 : 0;
@@ -362,18 +390,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     }
     const BwdHead hd(f, b, h);
     const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
-    auto q = sQ(st);
-    auto d = sdO(st);
-    tile_grads<T, kMods, true>(f, mask, hd, masked, n0, m0, sK, sV, q, d, sLse(st), sDsum(st), sPt, sdSt, tid);
+    const int qoff = st * 2 * kTileQ;
+    tile_grads<T, kMods, true>(f, mask, hd, masked, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
+                               tid);
     __syncthreads();  // P^T and dS^T are in shared memory
 
     {
-      Tensor sdOt = make_tensor(d.data(), typename T::SmemLayoutQt{});
-      Tensor rdOt = tk.partition_fragment_B(make_tensor(d.data(), typename T::SmemLayoutQtPlain{}));
-      gemm_ss(acc_dv, rPt, rdOt, sPt_ld, ld_kv_b.get_thread_slice(tid).partition_S(sdOt), mma_kv, ld_kv_a, ld_kv_b, tid);
-      Tensor sQt = make_tensor(q.data(), typename T::SmemLayoutQt{});
-      Tensor rQt = tk.partition_fragment_B(make_tensor(q.data(), typename T::SmemLayoutQtPlain{}));
-      gemm_ss(acc_dk, rPt, rQt, sdSt_ld, ld_kv_b.get_thread_slice(tid).partition_S(sQt), mma_kv, ld_kv_a, ld_kv_b, tid);
+      Tensor sdOt = sdOt_ld;
+      sdOt.data() = sdOt.data() + qoff;
+      gemm_ss(acc_dv, rPt, rQt, sPt_ld, sdOt, mma_kv, ld_kv_a, ld_kv_b, tid);
+      Tensor sQt = sQt_ld;
+      sQt.data() = sQt.data() + qoff;
+      gemm_ss(acc_dk, rPt, rQt, sdSt_ld, sQt, mma_kv, ld_kv_a, ld_kv_b, tid);
     }
     if (kStages == 1) {
       __syncthreads();  // every warp is done with Q and dO
@@ -388,7 +416,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
       using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
       Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
       clear(acc_dq);
-      tile_dq<T>(acc_dq, sdSt, sK, tid);
+      tile_dq<T>(acc_dq, sdSt, sK, 0, tid);
       Tensor cQ = mma_q.get_thread_slice(tid).partition_C(make_identity_tensor(TileQ{}));
       float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * p.dq_cols;
       const int rows = s.sq - m0;
@@ -414,6 +442,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
   Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
   Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
+  const float dk_scale = ds_scale(f);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
   store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tid);
   store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
 }
@@ -475,6 +506,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
   clear(acc_dq);
   const BwdHead hd(f, b, h);
+  Tensor k0 = sK(0), v0 = sV(0);
   for (int n = n_max - 1, t = 0; n >= n_min; --n, ++t) {
     const int st = kStages == 2 ? t & 1 : 0;
     const int n0 = n * kBlockN;
@@ -485,11 +517,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
       cp_async_fence();
     }
     const bool masked = !mask.block_full(m0, m0 + rows, n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
-    auto kt = sK(st);
-    auto vt = sV(st);
-    tile_grads<T, kMods, false>(f, mask, hd, masked, n0, m0, kt, vt, sQ, sdO, sLse, sDsum, sdSt, sdSt, tid);
+    const int koff = st * 2 * kTileKV;
+    tile_grads<T, kMods, false>(f, mask, hd, masked, n0, m0, k0, v0, koff, sQ, sdO, 0, sLse, sDsum, sdSt, sdSt, tid);
     __syncthreads();  // dS^T is in shared memory
-    tile_dq<T>(acc_dq, sdSt, kt, tid);
+    tile_dq<T>(acc_dq, sdSt, k0, koff, tid);
     if (kStages == 1 && n > n_min) {
       __syncthreads();  // every warp is done with K and V
       load_kv(n - 1, 0);
@@ -500,6 +531,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   __syncthreads();
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + std::int64_t(s.q_start + m0) * p.dq_row + h * p.dq_head;
   Tensor gdQ = make_tensor(make_gmem_ptr(dq), TileQ{}, make_stride(p.dq_row, _1{}));
+  const float dq_scale = ds_scale(f);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= dq_scale;
   store_acc<T, typename T::MmaQ>(acc_dq, sQ, gdQ, rows, f.d_qk, tid);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/hd.hpp"
 #include "cuda/fwd_params.hpp"
 
 namespace tileattn::cuda {
@@ -24,5 +25,9 @@ struct BwdParams {
   int dq_cols;      // the kernel's head dim
   int batch;
 };
+
+// The kernels leave the softmax scale out of dS (unless a softcap's derivative carries it) and
+// apply this factor once, to dK and dQ.
+TA_HD float ds_scale(const FwdParams& f) { return f.softcap > 0.f ? 1.f : f.scale; }
 
 }  // namespace tileattn::cuda

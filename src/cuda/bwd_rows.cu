@@ -1,5 +1,6 @@
 // The backward's per-row kernels, one warp per (row, head), 16-byte accesses: D = rowsum(dO * O)
-// before the main kernels, and the fp32 dQ accumulator converted to the output dtype after them.
+// before the main kernels, and the fp32 dQ accumulator scaled and converted to the output dtype
+// after them.
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -54,8 +55,10 @@ __global__ void dq_convert_kernel(const BwdParams p) {
   if (row >= p.rows_total) return;
   const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
   E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
+  const float scale = ds_scale(p.fwd);
   for (int c = lane * 8; c < p.fwd.d_qk; c += 32 * 8) {
-    const Vec8 v = *reinterpret_cast<const Vec8*>(acc + c);
+    Vec8 v = *reinterpret_cast<const Vec8*>(acc + c);
+    for (int e = 0; e < 8; ++e) v[e] *= scale;
     *reinterpret_cast<cutlass::Array<E, 8>*>(dq + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
   }
 }
