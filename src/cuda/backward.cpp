@@ -91,7 +91,6 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.dq_accum = a.options.deterministic ? nullptr : reinterpret_cast<float*>(ws.data() + sc.dsum_bytes);
 
   launch_bwd_dsum(pr.dtype, p, stream);
-  if (p.dq_accum) check(cudaMemsetAsync(p.dq_accum, 0, sc.dq_bytes, stream), "cudaMemsetAsync (dQ accumulator)");
   const BwdGrid g{pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k,
                   pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f), a.options.deterministic,
                   stream};

@@ -24,7 +24,7 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g);
 // The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
 int backward_instance_hdim(DType dtype, int hdim);
 
-// D = rowsum(dO * O) into p.dsum.
+// D = rowsum(dO * O) into p.dsum, and p.dq_accum (if any) zeroed.
 void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream);
 // dQ = the fp32 accumulator rows, as the element type.
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream);

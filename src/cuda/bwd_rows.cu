@@ -1,6 +1,6 @@
 // The backward's per-row kernels, one warp per (row, head), 16-byte accesses: D = rowsum(dO * O)
-// before the main kernels, and the fp32 dQ accumulator scaled and converted to the output dtype
-// after them.
+// (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the accumulator scaled and
+// converted to the output dtype after them.
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -46,6 +46,10 @@ __global__ void dsum_kernel(const BwdParams p) {
   }
   for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (lane == 0) p.dsum[h * p.rows_total + row] = sum;
+  if (p.dq_accum != nullptr) {
+    float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
+    for (int c = lane * 4; c < p.dq_cols; c += 32 * 4) *reinterpret_cast<float4*>(acc + c) = make_float4(0, 0, 0, 0);
+  }
 }
 
 template <class E>
