@@ -2,9 +2,6 @@
 // instantiation units only.
 #pragma once
 
-#include <algorithm>
-#include <type_traits>
-
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/element.cuh"
 #include "cuda/bwd_launch.hpp"
@@ -14,18 +11,16 @@ namespace tileattn::cuda {
 
 // (M, N, warps, warps along keys for S^T, along keys for dK/dV, along queries for dQ, stages), as
 // FlashAttention-2 tiles its backward on an H100: 128 x 128 at head dim 64, 64 x 128 up to 128 and
-// 64 x 64 beyond, where the dK and dV accumulators alone take 128 registers a thread; all with
-// double-buffered Q / dO tiles. Head dim 256 double-buffered needs 208 KB of shared memory; where
-// the device has less (an A100), Fallback runs it with one stage.
+// 64 x 64 beyond, where the dK and dV accumulators alone take 128 registers a thread. Q / dO are
+// double-buffered up to head dim 128; beyond, a second stage cost spills and ran 4-12% slower at
+// head dim 256 (bench/notes/backward.md), and one stage keeps the kernels within an A100's
+// shared memory.
 template <class E, int D> struct BwdConfig;
 template <class E> struct BwdConfig<E, 64> { using type = BwdTraits<E, 64, 128, 128, 8, 2, 4, 4, 2>; };
 template <class E> struct BwdConfig<E, 96> { using type = BwdTraits<E, 96, 64, 128, 8, 4, 4, 4, 2>; };
 template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64, 128, 8, 4, 4, 2, 2>; };
-template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 2>; };
-template <class E> struct BwdConfig<E, 256> {
-  using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 2>;
-  using Fallback = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>;
-};
+template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
+template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
 
 template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
@@ -53,25 +48,13 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
   }
 }
 
-template <class T>
-void launch_bwd_mods(const BwdParams& p, const BwdGrid& g) {
+template <DType kDtype, int kHeadDim>
+void launch_bwd(const BwdParams& p, const BwdGrid& g) {
+  using T = typename BwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
   if (g.mods)
     launch_bwd_traits<T, true>(p, g);
   else
     launch_bwd_traits<T, false>(p, g);
-}
-
-template <class C, class = void> struct HasFallback : std::false_type {};
-template <class C> struct HasFallback<C, std::void_t<typename C::Fallback>> : std::true_type {};
-
-template <DType kDtype, int kHeadDim>
-void launch_bwd(const BwdParams& p, const BwdGrid& g) {
-  using C = BwdConfig<typename ElementOf<kDtype>::type, kHeadDim>;
-  using T = typename C::type;
-  if constexpr (HasFallback<C>::value) {
-    if (device_max_smem() < std::max(T::kSmemDkdv, T::kSmemDq)) return launch_bwd_mods<typename C::Fallback>(p, g);
-  }
-  launch_bwd_mods<T>(p, g);
 }
 
 }  // namespace tileattn::cuda

@@ -16,29 +16,16 @@ void check(cudaError_t err, const char* what) {
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
-namespace {
-
-int cached_attribute(cudaDeviceAttr attr, std::mutex& m, std::vector<int>& values) {
+int device_sm_count() {
+  static std::mutex m;
+  static std::vector<int> counts;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   std::lock_guard<std::mutex> g(m);
-  if (static_cast<int>(values.size()) <= dev) values.resize(dev + 1, 0);
-  if (values[dev] == 0) check(cudaDeviceGetAttribute(&values[dev], attr, dev), "cudaDeviceGetAttribute");
-  return values[dev];
-}
-
-}  // namespace
-
-int device_sm_count() {
-  static std::mutex m;
-  static std::vector<int> values;
-  return cached_attribute(cudaDevAttrMultiProcessorCount, m, values);
-}
-
-int device_max_smem() {
-  static std::mutex m;
-  static std::vector<int> values;
-  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, m, values);
+  if (static_cast<int>(counts.size()) <= dev) counts.resize(dev + 1, 0);
+  if (counts[dev] == 0)
+    check(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return counts[dev];
 }
 
 DeviceGuard::DeviceGuard(int index) {

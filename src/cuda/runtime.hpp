@@ -15,10 +15,8 @@ void check(cudaError_t err, const char* what);
 // Checks the launch that just happened (configuration errors surface here, asynchronously).
 void check_launch(const char* what);
 
-// Multiprocessors of the current device, and the shared memory a block may opt into (cached per
-// device).
+// Multiprocessors of the current device (cached per device).
 int device_sm_count();
-int device_max_smem();
 
 // Makes `index` the current device for the scope of a call.
 class DeviceGuard {
