@@ -93,6 +93,17 @@ __device__ __forceinline__ void cp_async_4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
 }
 
+// Adds (a, b) to the adjacent floats at[0], at[1] in global memory: one 8-byte reduction where the
+// architecture has it.
+__device__ __forceinline__ void add_pair(float* at, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(at), make_float2(a, b));
+#else
+  atomicAdd(at, a);
+  atomicAdd(at + 1, b);
+#endif
+}
+
 // Where one sequence's rows live, and the mask and modifiers of one head.
 struct BwdSeq {
   int q_start, k_start, sq, sk;
@@ -353,13 +364,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), c, s.sk - n0, f.d_v);
   }
   // Iteration t visits head hk * group + t / tiles, query tile m_lo + t % tiles.
-  auto load = [&](int t, int st) {
-    const int h = hk * f.group + t / tiles, m0 = (m_lo + t % tiles) * kBlockM;
+  // Iterations visit the query tiles m_lo.. of each head of the group in turn.
+  auto load = [&](int h, int m0, int st) {
     auto q = sQ(st);
     auto d = sdO(st);
     load_query_tile<T>(p, s, b, h, m0, q, d, sLse(st), sDsum(st), tid);
   };
-  if (iters > 0) load(0, 0);
+  if (iters > 0) load(hk * f.group, m_lo * kBlockM, 0);
   cp_async_fence();
 
   typename T::MmaKV mma_kv;
@@ -379,13 +390,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   Tensor sQt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(q0.data(), typename T::SmemLayoutQt{}));
   Tensor sdOt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(d0.data(), typename T::SmemLayoutQt{}));
 
-  for (int t = 0; t < iters; ++t) {
+  const int m_end = (m_lo + tiles) * kBlockM;
+  for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
     const int st = kStages == 2 ? t & 1 : 0;
-    const int h = hk * f.group + t / tiles, m0 = (m_lo + t % tiles) * kBlockM;
+    const bool head_done = m0 + kBlockM == m_end;
+    const int h_next = head_done ? h + 1 : h, m0_next = head_done ? m_lo * kBlockM : m0 + kBlockM;
     cp_async_wait<0>();
     __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warp is done with the last tile
     if (kStages == 2 && t + 1 < iters) {
-      load(t + 1, st ^ 1);
+      load(h_next, m0_next, st ^ 1);
       cp_async_fence();
     }
     const BwdHead hd(f, b, h);
@@ -406,7 +419,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     if (kStages == 1) {
       __syncthreads();  // every warp is done with Q and dO
       if (t + 1 < iters) {
-        load(t + 1, 0);
+        load(h_next, m0_next, 0);
         cp_async_fence();
       }
     }
@@ -417,23 +430,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
       Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
       clear(acc_dq);
       tile_dq<T>(acc_dq, sdSt, sK, 0, tid);
-      Tensor cQ = mma_q.get_thread_slice(tid).partition_C(make_identity_tensor(TileQ{}));
-      float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * p.dq_cols;
-      const int rows = s.sq - m0;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) {  // (i, i + 1): adjacent columns of one row
-        const int r = get<0>(cQ(i)), col = get<1>(cQ(i));
-        if (r < rows) {
-          float* at = dq + r * p.dq_cols + col;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-          atomicAdd(at, acc_dq(i));
-          atomicAdd(at + 1, acc_dq(i + 1));
-#endif
-        }
+      // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base
+      // plus a constant.
+      float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
+      auto tq = mma_q.get_thread_slice(tid);
+      Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
+      if (m0 + kBlockM <= s.sq) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+      } else {
+        Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2)
+          if (get<0>(cQ(i)) < s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
       }
     }
+    h = h_next;
+    m0 = m0_next;
   }
 
   // dK and dV through the K and V tiles' shared memory.
