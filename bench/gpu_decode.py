@@ -67,7 +67,9 @@ def main():
     ap.add_argument("--bench", required=True)
     ap.add_argument("--commit", default=os.environ.get("TILEATTN_COMMIT", "unknown"))
     args = ap.parse_args()
-    lines = subprocess.run([args.bench], check=True, capture_output=True, text=True).stdout.splitlines()
+    run = subprocess.run([args.bench], check=True, capture_output=True, text=True)
+    sys.stderr.write(run.stderr)  # the split-count sweep
+    lines = run.stdout.splitlines()
     head = json.loads(lines[0])
     ours = [json.loads(line) for line in lines[1:]]
     peers = peer_rows()
@@ -80,7 +82,7 @@ def main():
     copy = head["copy_tbps"]
     print(f"\ndecode, bf16, hdim {HDIM}, one query row; {head['device']}; copy bandwidth {copy:.2f} TB/s (read+write)")
     print(f"{'batch':>5} {'kv_len':>7} {'hq/hkv':>7} | {'ours TB/s':>9} {'%copy':>6} | {'flash ms':>8} {'cudnn ms':>8}"
-          f" {'ours ms':>8} {'ratio':>6} | {'page16':>7} {'page256':>7} | {'graph ms':>8} {'%copy':>6}")
+          f" {'ours ms':>8} {'ratio':>6} | {'page16':>7} {'page256':>7} | {'graph ms':>8} {'%copy':>6} | {'call ms':>8}")
     for batch, kv, hq, hkv in GRID:
         def find(impl, page=None):
             for r in record["rows"]:
@@ -94,9 +96,11 @@ def main():
         fmt = lambda r: f"{r['ms']:8.4f}" if r else f"{'n/a':>8}"
         print(f"{batch:>5} {kv:>7} {hq:>3}/{hkv:<3} | {o['tbps']:9.3f} {100 * o['tbps'] / copy:5.1f}% | {fmt(fl)} {fmt(cu)}"
               f" {o['ms']:8.4f} {best / o['ms']:5.2f}x | {p16['ms'] / o['ms']:6.3f}x {p256['ms'] / o['ms']:6.3f}x"
-              f" | {o['graph_ms']:8.4f} {100 * o['tbps'] * o['ms'] / o['graph_ms'] / copy:5.1f}%")
+              f" | {o['graph_ms']:8.4f} {100 * o['tbps'] * o['ms'] / o['graph_ms'] / copy:5.1f}% | {o['call_ms']:8.4f}")
     print("ratio = best peer time / our time (> 1: we are faster); page columns = paged time / contiguous time;\n"
-          "graph = our call replayed from a CUDA graph (device time without per-call host work)")
+          "every time but 'call' is the median of calls issued back to back (peers and ours alike);\n"
+          "graph = our call replayed from a CUDA graph (device time without per-call host work);\n"
+          "call = one call on an idle GPU, synchronized after each (host work and launch latency included)")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ void check(cudaError_t e, const char* what) {
 
 // Random bf16 values (never zeros: they can run faster than real data).
 void fill_random(void* dst, std::size_t n, std::uint64_t seed) {
-  std::vector<__nv_bfloat16> h(std::min<std::size_t>(n, 1 << 24));
+  std::vector<__nv_bfloat16> h(std::min<std::size_t>(n, 1 << 20));  // a 2 MB pattern: quick to make
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> d(0.f, 1.f);
   for (auto& x : h) x = __float2bfloat16(d(rng));
@@ -36,9 +36,38 @@ void fill_random(void* dst, std::size_t n, std::uint64_t seed) {
   }
 }
 
-// Median milliseconds of fn over reps timed runs after warm-up runs.
+// Median milliseconds of fn over reps runs after warm-up runs, each bracketed by events and all
+// issued back to back before one synchronization: the method bench/gpu_decode.py uses for the
+// peers, so both sides are timed alike (a call's host work overlaps the previous call's kernels).
 template <class F>
 double median_ms(F fn, int warmup = 5, int reps = 40) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<cudaEvent_t> a(reps), b(reps);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventCreate(&a[i]);
+    cudaEventCreate(&b[i]);
+  }
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a[i]);
+    fn();
+    cudaEventRecord(b[i]);
+  }
+  check(cudaEventSynchronize(b[reps - 1]), "timed runs");
+  std::vector<float> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventElapsedTime(&t[i], a[i], b[i]);
+    cudaEventDestroy(a[i]);
+    cudaEventDestroy(b[i]);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+// Median milliseconds of one call on an idle GPU (synchronized after each): the host's per-call
+// work (validation, launches) and the launch latency included, as a caller that waits on every
+// call sees it.
+template <class F>
+double isolated_ms(F fn, int warmup = 5, int reps = 40) {
   for (int i = 0; i < warmup; ++i) fn();
   cudaEvent_t a, b;
   cudaEventCreate(&a);
@@ -68,6 +97,25 @@ double copy_tbps() {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / (ms * 1e-3) / 1e12;  // bytes read plus bytes written
+}
+
+// The time at fixed split counts (options.num_splits), on stderr: what tunes the split heuristic
+// of the decode backend.
+void split_sweep(tileattn::DecodeArgs a, int batch, int kv, int hq, int hkv) {
+  std::string line;
+  for (int splits : {1, 2, 4, 8, 12, 16, 24, 32, 33, 48, 64, 66}) {
+    a.options.num_splits = splits;
+    const std::size_t bytes = tileattn::workspace_size(a);
+    void* ws = nullptr;
+    if (bytes) check(cudaMalloc(&ws, bytes), "cudaMalloc sweep workspace");
+    a.options.workspace = ws;
+    a.options.workspace_bytes = bytes;
+    char cell[48];
+    std::snprintf(cell, sizeof cell, " %d:%.4f", splits, median_ms([&] { tileattn::decode(a); }));
+    line += cell;
+    cudaFree(ws);
+  }
+  std::fprintf(stderr, "# splits:ms for %dx%d %d/%d:%s\n", batch, kv, hq, hkv, line.c_str());
 }
 
 }  // namespace
@@ -120,6 +168,8 @@ int main() {
       a.options.workspace = ws;
       a.options.workspace_bytes = ws_bytes;
       const double ms = median_ms([&] { decode(a); });
+      const double call_ms = isolated_ms([&] { decode(a); });
+      if (page == 0) split_sweep(a, batch, kv, hq, hkv);
       const double tbps = 2.0 * cache * 2 / (ms * 1e-3) / 1e12;
       // The same call replayed from a CUDA graph: device time without the host's per-call work
       // (validation, launch), as a serving loop that captures its decode step sees it.
@@ -139,8 +189,8 @@ int main() {
       std::printf(
           "{\"grid\": \"decode\", \"impl\": \"tileattn\", \"dtype\": \"bf16\", \"batch\": %d, \"seqlen_q\": 1, "
           "\"seqlen_k\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": false, \"page_size\": %s, "
-          "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f, \"graph_ms\": %.5f}\n",
-          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps, graph_ms);
+          "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f, \"graph_ms\": %.5f, \"call_ms\": %.5f}\n",
+          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps, graph_ms, call_ms);
       std::fflush(stdout);
       for (void* p : {q, k, v, out, lens, table, ws}) cudaFree(p);
     }

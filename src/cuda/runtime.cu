@@ -16,17 +16,33 @@ void check(cudaError_t err, const char* what) {
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
-int device_sm_count() {
+namespace {
+
+struct DeviceInfo {
+  int sms = 0, major = 0;
+};
+
+// Attributes of the current device, queried once per device and process.
+DeviceInfo device_info() {
   static std::mutex m;
-  static std::vector<int> counts;
+  static std::vector<DeviceInfo> infos;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   std::lock_guard<std::mutex> g(m);
-  if (static_cast<int>(counts.size()) <= dev) counts.resize(dev + 1, 0);
-  if (counts[dev] == 0)
-    check(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  return counts[dev];
+  if (static_cast<int>(infos.size()) <= dev) infos.resize(dev + 1);
+  DeviceInfo& d = infos[dev];
+  if (d.sms == 0) {
+    check(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  }
+  return d;
 }
+
+}  // namespace
+
+int device_sm_count() { return device_info().sms; }
+
+bool device_has_dependent_launch() { return device_info().major >= 9; }
 
 DeviceGuard::DeviceGuard(int index) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");

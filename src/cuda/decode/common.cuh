@@ -46,16 +46,46 @@ __device__ __forceinline__ int seq_keys(const Params& p, int b) {
 }
 
 // Where key j of sequence b lives: its page (the sequence itself for a contiguous cache) and its
-// row within the page, read from untrusted device metadata and clamped so no read leaves the cache.
+// row within the page. The page-table read (entry) and its use (locate) are separate steps so a
+// kernel can read the entry one pipeline step before it needs it, off the path of the copies.
 struct KeyLoc {
   int page, row;
 };
 
-__device__ __forceinline__ KeyLoc locate(const Params& p, int b, int j) {
-  if (!p.page_table) return {b, j};
-  int page = p.page_table[b * p.pt_b + (j / p.page_size) * p.pt_p];
-  page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-  return {page, j % p.page_size};
+__device__ __forceinline__ int page_entry(const Params& p, int b, int j) {
+  return p.page_table ? p.page_table[b * p.pt_b + (j / p.page_size) * p.pt_p] : b;
+}
+
+// entry: page_entry(p, b, j), untrusted device metadata, clamped so no read leaves the cache.
+__device__ __forceinline__ KeyLoc locate(const Params& p, int entry, int j) {
+  if (!p.page_table) return {entry, j};
+  return {entry < 0 ? 0 : (entry >= p.num_pages ? p.num_pages - 1 : entry), j % p.page_size};
+}
+
+// Block coordinates of a split-KV grid: x = (batch, row chunk, KV head) with the KV head fastest,
+// so the blocks that run side by side read neighbouring heads of the same cache rows; z = split.
+struct BlockAt {
+  int b, chunk, g, split;
+};
+
+__device__ __forceinline__ BlockAt block_at(const Params& p, int chunks) {
+  const int g = blockIdx.x % p.heads_kv, bc = blockIdx.x / p.heads_kv;
+  return {bc / chunks, bc % chunks, g, static_cast<int>(blockIdx.z)};
+}
+
+// Programmatic dependent launch (sm_90+): the split kernel lets the combine kernel start early,
+// and the combine waits for the split kernel's results. Both are no-ops without the launch
+// attribute and on older GPUs.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 // The end of every split-KV block: WARPS partial states per query row, in shared memory as

@@ -129,6 +129,22 @@ Layout layout(const Problem& p, const Options& o) {
   return w;
 }
 
+// The combine kernel, with dependent: launched while the split kernel still runs (its blocks wait
+// on the device for the partials), which takes the launch latency off the end of the call.
+template <class T>
+void launch_combine(const CombineParams& cp, unsigned rows, cudaStream_t s, bool dependent) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(rows);
+  cfg.blockDim = dim3(decoding::kCombineThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, decoding::combine_kernel<T>, cp), "decode combine launch");
+}
+
 template <class T>
 void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws, cudaStream_t s) {
   AppendParams ap{};
@@ -204,7 +220,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
 
   const Kernel k = select_kernel(p);
   const int chunks = (p.seqlen_q * p.group() + k.rows - 1) / k.rows;
-  const dim3 grid(p.batch * chunks, p.heads_kv, w.splits);
+  const dim3 grid(p.batch * chunks * p.heads_kv, 1, w.splits);  // see decoding::block_at
   if (grid.x == 0) return;
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv");
@@ -220,7 +236,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
     cp.out = prm.out, cp.o_b = prm.o_b, cp.o_i = prm.o_i, cp.o_h = prm.o_h;
     cp.lse = prm.lse, cp.l_b = prm.l_b, cp.l_h = prm.l_h, cp.l_i = prm.l_i;
     cp.splits = w.splits, cp.seqlen_q = p.seqlen_q, cp.heads = p.heads_q, cp.hdim_v = p.hdim_v;
-    decoding::combine_kernel<T><<<static_cast<unsigned>(rows_all), 128, 0, s>>>(cp);
+    launch_combine<T>(cp, static_cast<unsigned>(rows_all), s, device_has_dependent_launch());
     check_launch("decode combine");
   }
 }
@@ -259,11 +275,11 @@ void combine(const Problem& p, const CombineArgs& a) {
   const unsigned rows = static_cast<unsigned>(p.batch * p.seqlen_q * p.heads_q);
   if (rows == 0) return;
   if (p.dtype == DType::f16)
-    decoding::combine_kernel<__half><<<rows, 128, 0, s>>>(cp);
+    launch_combine<__half>(cp, rows, s, false);
   else if (p.dtype == DType::bf16)
-    decoding::combine_kernel<__nv_bfloat16><<<rows, 128, 0, s>>>(cp);
+    launch_combine<__nv_bfloat16>(cp, rows, s, false);
   else
-    decoding::combine_kernel<float><<<rows, 128, 0, s>>>(cp);
+    launch_combine<float>(cp, rows, s, false);
   check_launch("combine");
 }
 

@@ -82,11 +82,11 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   constexpr int LOADS = KEYS * CH / 32;       // chunks each lane copies per tile (K and V each)
   const float kNegInf = -CUDART_INF_F;
 
+  allow_dependent_launch();
   const int group = p.heads_q / p.heads_kv;
   const int rows_total = p.seqlen_q * group;
-  const int chunks = (rows_total + ROWS - 1) / ROWS;
-  const int b = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  const int g = blockIdx.y, split = blockIdx.z;
+  const BlockAt blk = block_at(p, (rows_total + ROWS - 1) / ROWS);
+  const int b = blk.b, chunk = blk.chunk, g = blk.g, split = blk.split;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gi = lane / 4, ti = lane % 4;  // mma fragment coordinates
 
@@ -133,34 +133,34 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
   auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
 
-  // Lane n < 16 locates key n of a tile once; the lanes copying that key's chunks take it by shuffle.
-  KeyLoc next[LOADS];
-  auto lookup = [&](int it) {
+  // Lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy; the
+  // lanes copying that key's chunks take its location by shuffle when they issue the copy, so the
+  // read's latency hides behind a whole iteration instead of stalling the warp.
+  int entry = 0;
+  auto fetch = [&](int it) {
     const int j = key0(it) + lane % KEYS;
-    const KeyLoc mine = locate(p, b, j < hi ? j : lo);
-#pragma unroll
-    for (int t = 0; t < LOADS; ++t) {
-      const int n = (lane + 32 * t) / CH;
-      next[t] = {__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
-    }
+    entry = page_entry(p, b, j < hi ? j : lo);
   };
   auto issue = [&](int it) {
     if (it < iters) {
       T* tile = ring + (it % STAGES) * 2 * KEYS * D;
+      const int jm = key0(it) + lane % KEYS;
+      const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
+      if (it + 1 < iters) fetch(it + 1);
 #pragma unroll
       for (int t = 0; t < LOADS; ++t) {
         const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
         const bool in = key0(it) + n < hi;
-        const T* kp = static_cast<const T*>(p.k) + next[t].page * p.k_b + next[t].row * p.k_s + g * p.k_h + c * 8;
-        const T* vp = static_cast<const T*>(p.v) + next[t].page * p.v_b + next[t].row * p.v_s + g * p.v_h + c * 8;
+        const KeyLoc at{__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
+        const T* kp = static_cast<const T*>(p.k) + at.page * p.k_b + at.row * p.k_s + g * p.k_h + c * 8;
+        const T* vp = static_cast<const T*>(p.v) + at.page * p.v_b + at.row * p.v_s + g * p.v_h + c * 8;
         cp_async16(tile + swz<D>(n, c), kp, in && c * 8 < p.hdim_qk);
         cp_async16(tile + KEYS * D + swz<D>(n, c), vp, in && c * 8 < p.hdim_v);
       }
-      if (it + 1 < iters) lookup(it + 1);
     }
     cp_async_commit();
   };
-  if (iters > 0) lookup(0);
+  if (iters > 0) fetch(0);
 #pragma unroll
   for (int it = 0; it < STAGES - 1; ++it) issue(it);
 

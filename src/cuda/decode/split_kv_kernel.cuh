@@ -42,12 +42,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   constexpr int KS = Shape::kStageKeys, STAGES = Shape::kStages;
   const float kNegInf = -CUDART_INF_F;
 
-  // Grid: x = (batch, row chunk), y = KV head, z = split.
+  allow_dependent_launch();
   const int group = p.heads_q / p.heads_kv;
   const int rows_total = p.seqlen_q * group;
-  const int chunks = (rows_total + ROWS - 1) / ROWS;
-  const int b = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  const int g = blockIdx.y, split = blockIdx.z;
+  const BlockAt blk = block_at(p, (rows_total + ROWS - 1) / ROWS);
+  const int b = blk.b, chunk = blk.chunk, g = blk.g, split = blk.split;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int sub = lane % TPK;          // which 8 features this lane owns
   const int slot = threadIdx.x / TPK;  // which key of each group of SLOTS this lane works on
@@ -88,32 +87,38 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   T* ring_v = ring_k + STAGES * KS * D;
   auto slot_at = [&](int stage, int u) { return (stage * KS + u * SLOTS + slot) * D + c0; };
   const int iters = (hi - lo + KS - 1) / KS;
-  // Key locations for the next stage to issue, looked up one issue ahead so that a page-table
-  // read is never on the path between deciding to copy a key and copying it.
-  KeyLoc next[UNROLL];
-  auto lookup = [&](int it) {
+  // Page-table entries of the next stage's keys, read one issue ahead and resolved when the copy
+  // is issued, so that the read's latency is never on the path of the copies.
+  int entry[UNROLL];
+  auto fetch = [&](int it) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int j = lo + it * KS + u * SLOTS + slot;
-      next[u] = locate(p, b, j < hi ? j : lo);
+      entry[u] = page_entry(p, b, j < hi ? j : lo);
     }
   };
   auto issue = [&](int it) {
     if (it < iters) {
       const int stage = it % STAGES;
+      KeyLoc at[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int j = lo + it * KS + u * SLOTS + slot;
+        at[u] = locate(p, entry[u], j < hi ? j : lo);
+      }
+      if (it + 1 < iters) fetch(it + 1);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const bool in = lo + it * KS + u * SLOTS + slot < hi;
-        const T* kp = static_cast<const T*>(p.k) + next[u].page * p.k_b + next[u].row * p.k_s + g * p.k_h + c0;
-        const T* vp = static_cast<const T*>(p.v) + next[u].page * p.v_b + next[u].row * p.v_s + g * p.v_h + c0;
+        const T* kp = static_cast<const T*>(p.k) + at[u].page * p.k_b + at[u].row * p.k_s + g * p.k_h + c0;
+        const T* vp = static_cast<const T*>(p.v) + at[u].page * p.v_b + at[u].row * p.v_s + g * p.v_h + c0;
         cp_async16(ring_k + slot_at(stage, u), kp, in && c0 < p.hdim_qk);
         cp_async16(ring_v + slot_at(stage, u), vp, in && c0 < p.hdim_v);
       }
-      if (it + 1 < iters) lookup(it + 1);
     }
     cp_async_commit();  // an empty group past the end keeps the wait count uniform
   };
-  if (iters > 0) lookup(0);
+  if (iters > 0) fetch(0);
 #pragma unroll
   for (int it = 0; it < STAGES - 1; ++it) issue(it);
 
