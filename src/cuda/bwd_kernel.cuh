@@ -69,7 +69,13 @@ struct BwdTraits {
 
   using LdsmAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using LdsmTransAtom = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
-  using StoreAtom = Copy_Atom<UniversalCopy<std::uint32_t>, Element>;  // accumulator pairs, 4 bytes
+  // Accumulators to shared memory: stmatrix (four 8x8 tiles per instruction) where the
+  // architecture has it, else 4-byte pairs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+#else
+  using StoreAtom = Copy_Atom<UniversalCopy<std::uint32_t>, Element>;
+#endif
 
   static constexpr int kThreadsPerRow = kChunk / 8;
   using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;

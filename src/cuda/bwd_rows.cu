@@ -1,6 +1,7 @@
-// The backward's per-row kernels, one warp per (row, head), 16-byte accesses: D = rowsum(dO * O)
-// (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the accumulator scaled and
-// converted to the output dtype after them.
+// The backward's per-row kernels, 16-byte accesses, one thread per 8 columns and as many rows per
+// warp as fit (a row's threads are a power of two, so they reduce by shuffles within the warp):
+// D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the
+// accumulator scaled and converted to the output dtype after them.
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -13,7 +14,14 @@
 namespace tileattn::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 256;
+
+// Threads per row: one per 8 of `cols` columns, rounded up to a power of two (at most 32).
+int threads_per_row(int cols) {
+  int t = 1;
+  while (t < 32 && t * 8 < cols) t *= 2;
+  return t;
+}
 
 // The element offset of (row of the whole batch, head) in a tensor with these strides.
 __device__ __forceinline__ std::int64_t row_offset(const BwdParams& p, std::int64_t row, int h, std::int64_t batch,
@@ -32,61 +40,65 @@ __device__ __forceinline__ Vec8 load8(const E* at) {
 }
 
 template <class E>
-__global__ void dsum_kernel(const BwdParams p) {
-  const std::int64_t row = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int h = blockIdx.y, lane = threadIdx.x % 32;
-  if (row >= p.rows_total) return;
+__global__ void dsum_kernel(const BwdParams p, int tpr) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
+  const int h = blockIdx.y, lane = threadIdx.x % tpr;
+  const bool live = row < p.rows_total;  // every thread takes part in the shuffles
   const FwdParams& f = p.fwd;
-  const E* o = static_cast<const E*>(f.o) + row_offset(p, row, h, f.o_batch, f.o_row, f.o_head);
-  const E* dO = static_cast<const E*>(p.dout) + row_offset(p, row, h, p.do_batch, p.do_row, p.do_head);
   float sum = 0.f;
-  for (int c = lane * 8; c < f.d_v; c += 32 * 8) {
-    const Vec8 a = load8(o + c), d = load8(dO + c);
-    for (int e = 0; e < 8; ++e) sum += a[e] * d[e];
+  if (live) {
+    const E* o = static_cast<const E*>(f.o) + row_offset(p, row, h, f.o_batch, f.o_row, f.o_head);
+    const E* dO = static_cast<const E*>(p.dout) + row_offset(p, row, h, p.do_batch, p.do_row, p.do_head);
+    for (int c = lane * 8; c < f.d_v; c += tpr * 8) {
+      const Vec8 a = load8(o + c), d = load8(dO + c);
+      for (int e = 0; e < 8; ++e) sum += a[e] * d[e];
+    }
   }
-  for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  for (int s = tpr / 2; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (!live) return;
   if (lane == 0) p.dsum[h * p.rows_total + row] = sum;
   if (p.dq_accum != nullptr) {
     float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
-    for (int c = lane * 4; c < p.dq_cols; c += 32 * 4) *reinterpret_cast<float4*>(acc + c) = make_float4(0, 0, 0, 0);
+    for (int c = lane * 4; c < p.dq_cols; c += tpr * 4) *reinterpret_cast<float4*>(acc + c) = make_float4(0, 0, 0, 0);
   }
 }
 
 template <class E>
-__global__ void dq_convert_kernel(const BwdParams p) {
-  const std::int64_t row = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int h = blockIdx.y, lane = threadIdx.x % 32;
+__global__ void dq_convert_kernel(const BwdParams p, int tpr) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
+  const int h = blockIdx.y, lane = threadIdx.x % tpr;
   if (row >= p.rows_total) return;
   const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
   E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
   const float scale = ds_scale(p.fwd);
-  for (int c = lane * 8; c < p.fwd.d_qk; c += 32 * 8) {
+  for (int c = lane * 8; c < p.fwd.d_qk; c += tpr * 8) {
     Vec8 v = *reinterpret_cast<const Vec8*>(acc + c);
     for (int e = 0; e < 8; ++e) v[e] *= scale;
     *reinterpret_cast<cutlass::Array<E, 8>*>(dq + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
   }
 }
 
-using RowKernel = void (*)(BwdParams);
+using RowKernel = void (*)(BwdParams, int);
 
-void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, cudaStream_t stream,
+void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, int cols, cudaStream_t stream,
                  const char* what) {
   if (p.rows_total == 0) return;
-  const dim3 grid(unsigned((p.rows_total + kWarpsPerBlock - 1) / kWarpsPerBlock), p.fwd.heads_q);
-  (dtype == DType::f16 ? f16 : bf16)<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  const int tpr = threads_per_row(cols), rows_per_block = kThreads / tpr;
+  const dim3 grid(unsigned((p.rows_total + rows_per_block - 1) / rows_per_block), p.fwd.heads_q);
+  (dtype == DType::f16 ? f16 : bf16)<<<grid, kThreads, 0, stream>>>(p, tpr);
   check_launch(what);
 }
 
 }  // namespace
 
 void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream) {
-  launch_rows(dsum_kernel<ElementOf<DType::f16>::type>, dsum_kernel<ElementOf<DType::bf16>::type>, dtype, p, stream,
-              "launching the backward's D = rowsum(dO * O) kernel");
+  launch_rows(dsum_kernel<ElementOf<DType::f16>::type>, dsum_kernel<ElementOf<DType::bf16>::type>, dtype, p,
+              p.fwd.d_v, stream, "launching the backward's D = rowsum(dO * O) kernel");
 }
 
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {
   launch_rows(dq_convert_kernel<ElementOf<DType::f16>::type>, dq_convert_kernel<ElementOf<DType::bf16>::type>, dtype,
-              p, stream, "launching the backward's dQ conversion kernel");
+              p, p.fwd.d_qk, stream, "launching the backward's dQ conversion kernel");
 }
 
 }  // namespace tileattn::cuda
