@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package on this GPU: installed (no build isolation, so the build finds this machine's
 # nanobind, scikit-build-core and CUTLASS), then its whole pytest suite, the GPU tests included,
-# and the Hugging Face example.
+# the README's Python snippet and the Hugging Face example.
 set -uo pipefail
 site=$BUILD/python-site
 args=${TILEATTN_PY_CMAKE_ARGS-$CMAKE_ARGS}  # the package's own CMake flags (default: the build step's)
@@ -13,6 +13,11 @@ cd "$ROOT"
 python3 -m pytest tests/python -q -p no:cacheprovider >"$OUT/python-test.log" 2>&1
 rc=$?
 tail -n 3 "$OUT/python-test.log" | sed 's/^/pytest: /' | tee -a "$OUT/summary.txt"
+# The README's Python snippet, exactly as a newcomer would paste it.
+python3 -c 'import re; src = open("README.md").read()
+exec(compile(re.search(r"## Python\n\n```python\n(.*?)```", src, re.S).group(1), "README.md", "exec"))' \
+  >"$OUT/readme-snippet.log" 2>&1 || rc=1
+tail -n 2 "$OUT/readme-snippet.log" | sed 's/^/README snippet: /' | tee -a "$OUT/summary.txt"
 python3 examples/hf_llama.py >"$OUT/hf-llama.log" 2>&1 || rc=1
 tail -n 4 "$OUT/hf-llama.log" | sed 's/^/hf example: /' | tee -a "$OUT/summary.txt"
 exit $rc
