@@ -59,6 +59,11 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
+// Key rows of the packed (varlen) or batched layout, per KV head.
+inline std::int64_t total_k_rows(const Problem& p, const ForwardArgs& a) {
+  return p.varlen ? a.k.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_k;
+}
+
 // Backward: the key blocks of each (sequence, KV head) are dealt round-robin to this many tasks,
 // each with its own fp32 dQ partial, summed in a fixed order at the end. It depends on the problem
 // shape only, never on the thread count, so results are bitwise reproducible everywhere.
