@@ -59,11 +59,6 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
-// Key rows of the packed (varlen) or batched layout, per KV head.
-inline std::int64_t total_k_rows(const Problem& p, const ForwardArgs& a) {
-  return p.varlen ? a.k.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_k;
-}
-
 // Backward: query tiles of all sequences, numbered row_index(b, 0) / kBr + b + tile. Sequence b's
 // tiles then end at or before sequence b + 1's first, since floor((q0 + n) / kBr) + 1 >=
 // floor(q0 / kBr) + ceil(n / kBr) for n >= 0.

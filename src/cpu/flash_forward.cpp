@@ -1,6 +1,6 @@
 // FlashAttention-2 forward on the CPU: one task per (sequence, query head, query tile), each
-// streaming its keys through AttendTile. fp32 K and V are read in place; fp16/bf16 K and V are
-// widened to fp32 once per call into the workspace (O(N)), not once per query tile.
+// streaming its keys through AttendTile. fp32 K and V are read in place; fp16/bf16 key tiles are
+// widened into a per-thread tile, so nothing larger than a tile is ever allocated.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -27,29 +27,6 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   const std::size_t es = sizeof(T);
   const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
   const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
-  // Widened K and V: [KV head][key row][d], key rows as total_k_rows counts them.
-  const std::int64_t krows = flash::total_k_rows(p, a);
-  flash::Workspace ws(a.options, workspace_size(p, a));
-  float* Kf = nullptr;
-  float* Vf = nullptr;
-  if constexpr (!std::is_same_v<T, float>) {
-    Kf = ws.floats(static_cast<std::size_t>(p.heads_kv) * krows * p.hdim_qk);
-    Vf = ws.floats(static_cast<std::size_t>(p.heads_kv) * krows * p.hdim_v);
-    parallel_for(p.heads_kv * ((krows + flash::kBc - 1) / flash::kBc), [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t t = begin; t < end; ++t) {
-        const int g = static_cast<int>(t % p.heads_kv);
-        const std::int64_t r0 = t / p.heads_kv * flash::kBc;
-        for (std::int64_t r = r0; r < std::min(krows, r0 + flash::kBc); ++r) {
-          const int b = p.varlen ? 0 : static_cast<int>(r / p.seqlen_k);
-          const std::int64_t row = p.varlen ? r : r % p.seqlen_k;
-          LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, row, g) * es),
-                  Kf + (g * krows + r) * p.hdim_qk, p.hdim_qk);
-          LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, row, g) * es),
-                  Vf + (g * krows + r) * p.hdim_v, p.hdim_v);
-        }
-      }
-    });
-  }
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks, [&](std::int64_t begin, std::int64_t end) {
     float* tiles = flash::thread_tiles(attend_tile_floats(p.hdim_qk, p.hdim_v));
     TileRows rows;
@@ -78,21 +55,13 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
         if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
       };
-      if constexpr (std::is_same_v<T, float>) {
-        const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
-        const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
-        AttendTile<float>(
-            sh, rows, qrow, [&](int j) { return reinterpret_cast<const float*>(kbase + j * ks); },
-            [&](int j) { return reinterpret_cast<const float*>(vbase + j * vs); }, ks / 4, vs / 4, 0, s.sk, tiles, emit);
-      } else {
-        const std::int64_t r0 = p.varlen ? s.k0 : static_cast<std::int64_t>(b) * p.seqlen_k;
-        const float* kbase = Kf + (g * krows + r0) * p.hdim_qk;
-        const float* vbase = Vf + (g * krows + r0) * p.hdim_v;
-        AttendTile<float>(
-            sh, rows, qrow, [&](int j) { return kbase + static_cast<std::ptrdiff_t>(j) * p.hdim_qk; },
-            [&](int j) { return vbase + static_cast<std::ptrdiff_t>(j) * p.hdim_v; }, p.hdim_qk, p.hdim_v, 0, s.sk,
-            tiles, emit);
-      }
+      // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
+      const std::ptrdiff_t ldk = std::is_same_v<T, float> ? ks / 4 : 0, ldv = std::is_same_v<T, float> ? vs / 4 : 0;
+      const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
+      const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
+      AttendTile<T>(
+          sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
+          [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, ldk, ldv, 0, s.sk, tiles, emit);
     }
   });
 }
@@ -115,11 +84,8 @@ HWY_EXPORT(FlashForward);
 
 void flash_forward(const Problem& p, const ForwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashForward)(p, a); }
 
-// fp32 needs none; fp16/bf16 K and V widened to fp32 once: O(N).
-std::size_t workspace_size(const Problem& p, const ForwardArgs& a) {
-  if (p.dtype == DType::f32) return 0;
-  return sizeof(float) * static_cast<std::size_t>(p.heads_kv) * flash::total_k_rows(p, a) * (p.hdim_qk + p.hdim_v);
-}
+// The forward keeps nothing between tiles but the LSE it writes to the caller's tensor.
+std::size_t workspace_size(const Problem&, const ForwardArgs&) { return 0; }
 
 }  // namespace tileattn::cpu
 #endif
