@@ -85,6 +85,37 @@ def tileattn_rows(cli, threads, dtype, batch, heads, hdim, seqlens, causal):
     return json.loads(res.stdout)["rows"]
 
 
+def ceilings():
+    """TFLOP/s of a square matrix product in PyTorch, fp32 and bf16, on the current thread count:
+    2048^3, or 512^3 where one of those takes over 50 ms (no native bf16: seconds for 2048^3)."""
+    out = {}
+    for name, dtype in (("matmul_fp32_tflops", torch.float32), ("matmul_bf16_tflops", torch.bfloat16)):
+        a, b = torch.randn(512, 512, dtype=dtype), torch.randn(512, 512, dtype=dtype)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        ms = (time.perf_counter() - t0) * 1e3
+        n = 512
+        if ms <= 50:
+            n = 2048
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            ms = median_ms(lambda: torch.mm(a, b), 5)
+        out[name] = float(f"{2.0 * n ** 3 / ms / 1e9:.4g}")
+    return out
+
+
+def threads_per_core():
+    """Hardware threads sharing cpu0's core (2 with SMT), or None where Linux does not say."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+            count = 0
+            for part in f.read().strip().split(","):
+                lo, _, hi = part.partition("-")
+                count += int(hi or lo) - int(lo) + 1
+            return count
+    except (OSError, ValueError):
+        return None
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -135,8 +166,9 @@ def main():
                 noncausal_s.setdefault((dtype, hdim), time.perf_counter() - t0)
 
     date = datetime.date.today().isoformat()
-    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": None,
-              "threads": args.threads, "torch": torch.__version__, "rows": rows}
+    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": ceilings(),
+              "threads": args.threads, "threads_per_core": threads_per_core(), "torch": torch.__version__,
+              "rows": rows}
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, f"{date}-cpu-fwd-bwd.json")
     with open(path, "w") as f:
@@ -145,7 +177,8 @@ def main():
 
     key = lambda r: (r["grid"], r["dtype"], r["hdim"], r["causal"], r["seqlen_q"])
     torch_ms = {key(r): r["ms"] for r in rows if r["impl"] == "torch-cpu"}
-    print(f"{record['device']}, {args.threads} threads, torch {torch.__version__}; batch 1, width {WIDTH}")
+    print(f"{record['device']}, {args.threads} threads ({record['threads_per_core']} per core), "
+          f"torch {torch.__version__}; batch 1, width {WIDTH}; ceilings {record['ceilings']}")
     print(f"{'pass':4} {'dtype':5} {'hdim':>4} {'causal':6} {'seqlen':>6} | {'tileattn ms':>11} "
           f"{'torch ms':>9} | speedup")
     order = lambda r: (r["causal"], r["dtype"], r["hdim"], r["seqlen_q"], r["grid"] != "cpu-fwd")

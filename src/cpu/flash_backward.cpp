@@ -1,5 +1,6 @@
 // FlashAttention-2 backward on the CPU. Three passes, each parallel with no shared writes:
-//   1. D = rowsum(dO * O) per query row (fp32), and the dQ partials zeroed;
+//   1. each query tile packed once in fp32 (Q^T, dO^T, Q, dO, LSE, D = rowsum(dO * O)), and the
+//      dQ partials zeroed;
 //   2. per (sequence, KV head, key group): every key block of the group keeps its dK, dV tiles
 //      while the query tiles of all heads of the GQA group stream by; P is recomputed from the
 //      LSE, dS = P * (dP - D), and dS K goes to the group's own fp32 dQ partial;
@@ -37,13 +38,20 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const int D = p.hdim_qk, DV = p.hdim_v, Dp = flash::padded(D), DVp = flash::padded(DV);
   const std::int64_t rows_total = flash::total_q_rows(p, a);
+  const std::int64_t tiles_total = flash::backward_query_tiles(p, a);
   const int groups = flash::backward_key_groups(p);
   const std::size_t es = sizeof(T);
+  const std::size_t tile_floats = static_cast<std::size_t>(kBr) * flash::backward_tile_floats(p);
   flash::Workspace ws(a.options, workspace_size(p, a));
-  float* Dsum = ws.floats(static_cast<std::size_t>(p.heads_q) * rows_total);  // [h][row]
+  float* packed = ws.floats(static_cast<std::size_t>(p.heads_q) * tiles_total * tile_floats);  // [h][tile]
   float* dQp = ws.floats(static_cast<std::size_t>(groups) * p.heads_q * rows_total * Dp);  // [g][h][row][Dp]
   auto row_index = [&](int b, const Seq& s, int i) -> std::int64_t {
     return p.varlen ? s.q0 + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
+  };
+  // Query tile qb of sequence b: tiles of consecutive sequences never overlap (see
+  // backward_query_tiles).
+  auto tile_index = [&](int b, const Seq& s, int qb) -> std::int64_t {
+    return row_index(b, s, 0) / kBr + b + qb;
   };
   auto part = [&](int g, int h, std::int64_t row) {
     return dQp + ((static_cast<std::int64_t>(g) * p.heads_q + h) * rows_total + row) * Dp;
@@ -51,49 +59,63 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   auto ptr = [&](const TensorView& t, int b, std::int64_t row, int h) {
     return reinterpret_cast<T*>(static_cast<char*>(t.data) + elem(t, p.varlen, b, row, h) * es);
   };
-  const std::int64_t qblocks = (p.seqlen_q + flash::kBr - 1) / flash::kBr;
+  const std::int64_t qblocks = (p.seqlen_q + kBr - 1) / kBr;
   const std::int64_t qtasks = static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks;
+  const ScoreMod sm = p.score_mod(0.f);
+  const float qscale = query_prescale(sm);
 
-  // Pass 1.
+  // Pass 1: every query tile once, in the forms pass 2 multiplies with, so that pass 2 (which
+  // meets each tile once per key block) never copies or transposes: Q^T (carrying the scale where
+  // it can) and dO^T [d][kBr], Q [kBr][Dp] and dO [kBr][DVp] in fp32, the LSE in log2 units
+  // (+inf: no key) and D = rowsum(dO * O). Padding rows and columns are zero.
   parallel_for(qtasks, [&](std::int64_t begin, std::int64_t end) {
-    float* rows = flash::thread_tiles(2 * static_cast<std::size_t>(DV));
+    float* orow = flash::thread_tiles(static_cast<std::size_t>(DV));
     for (std::int64_t t = begin; t < end; ++t) {
       const int qb = static_cast<int>(t % qblocks), h = static_cast<int>(t / qblocks % p.heads_q);
       const int b = static_cast<int>(t / qblocks / p.heads_q);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      for (int i = qb * flash::kBr; i < std::min(s.sq, (qb + 1) * flash::kBr); ++i) {
-        LoadRow(ptr(a.dout, b, s.q0 + i, h), rows, DV);
-        LoadRow(ptr(a.out, b, s.q0 + i, h), rows + DV, DV);
+      const int i0 = qb * kBr;
+      if (i0 >= s.sq) continue;
+      const int n = std::min(kBr, s.sq - i0);
+      float* QT = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
+      float* dOT = QT + D * kBr;
+      float* Qr = dOT + DV * kBr;
+      float* dOr = Qr + kBr * Dp;
+      float* L = dOr + kBr * DVp;
+      float* Dr = L + kBr;
+      std::memset(QT, 0, sizeof(float) * tile_floats);
+      for (int r = 0; r < n; ++r) {
+        const std::int64_t qrow = s.q0 + i0 + r;
+        LoadRow(ptr(a.q, b, qrow, h), Qr + r * Dp, D);
+        LoadRow(ptr(a.dout, b, qrow, h), dOr + r * DVp, DV);
+        LoadRow(ptr(a.out, b, qrow, h), orow, DV);
+        for (int c = 0; c < D; ++c) QT[c * kBr + r] = Qr[r * Dp + c] * qscale;
         float acc = 0.f;
-        for (int c = 0; c < DV; ++c) acc += rows[c] * rows[DV + c];
-        const std::int64_t r = row_index(b, s, i);
-        Dsum[h * rows_total + r] = acc;
-        for (int g = 0; g < groups; ++g) std::memset(part(g, h, r), 0, sizeof(float) * Dp);
+        for (int c = 0; c < DV; ++c) {
+          dOT[c * kBr + r] = dOr[r * DVp + c];
+          acc += dOr[r * DVp + c] * orow[c];
+        }
+        Dr[r] = acc;
+        const float lse = a.lse.ptr<const float>()[lse_elem(a.lse, p.varlen, b, qrow, h)];
+        L[r] = lse == -kInf ? kInf : lse * kLog2e;
+        for (int g = 0; g < groups; ++g) std::memset(part(g, h, row_index(b, s, i0 + r)), 0, sizeof(float) * Dp);
       }
+      for (int r = n; r < kBr; ++r) L[r] = kInf;
     }
   });
 
   // Pass 2.
-  const ScoreMod sm = p.score_mod(0.f);
   const bool dropout = p.dropout_p > 0.f, softcap = sm.softcap > 0.f;
   const Dropout drop = p.dropout(a.options);
-  const std::size_t tile_floats = static_cast<std::size_t>(flash::kBc) * (2 * Dp + DV + DVp) +
-                                  static_cast<std::size_t>(flash::kBr) * (D + Dp + DV + DVp + 2) +
-                                  3 * static_cast<std::size_t>(flash::kBc) * flash::kBr;
+  const std::size_t work_floats = static_cast<std::size_t>(kBc) * (2 * Dp + DV + DVp) + 3 * static_cast<std::size_t>(kBc) * kBr;
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_kv * groups, [&](std::int64_t begin, std::int64_t end) {
-    float* Kj = flash::thread_tiles(tile_floats);  // [kBc][Dp]
-    float* Vj = Kj + flash::kBc * Dp;               // [kBc][DV]
-    float* dK = Vj + flash::kBc * DV;               // [kBc][Dp]
-    float* dV = dK + flash::kBc * Dp;               // [kBc][DVp]
-    float* QT = dV + flash::kBc * DVp;              // [D][kBr]
-    float* Qr = QT + D * kBr;                       // [kBr][Dp]
-    float* dOT = Qr + kBr * Dp;                     // [DV][kBr]
-    float* dOr = dOT + DV * kBr;                    // [kBr][DVp]
-    float* S = dOr + kBr * DVp;                     // [kBc][kBr] scores, then P
-    float* dP = S + kBc * kBr;                      // [kBc][kBr] dP, then dS
-    float* Th = dP + kBc * kBr;                     // [kBc][kBr] tanh under the softcap
-    float* L = Th + kBc * kBr;                      // [kBr] lse in log2 units; +inf: no key
-    float* Dr = L + kBr;                            // [kBr]
+    float* Kj = flash::thread_tiles(work_floats);  // [kBc][Dp]
+    float* Vj = Kj + kBc * Dp;                     // [kBc][DV]
+    float* dK = Vj + kBc * DV;                     // [kBc][Dp]
+    float* dV = dK + kBc * Dp;                     // [kBc][DVp]
+    float* S = dV + kBc * DVp;                     // [kBc][kBr] scores, then P
+    float* dP = S + kBc * kBr;                     // [kBc][kBr] dP, then dS
+    float* Th = dP + kBc * kBr;                    // [kBc][kBr] tanh under the softcap
     TileRows rows;
     for (std::int64_t t = begin; t < end; ++t) {
       const int grp = static_cast<int>(t % groups), g = static_cast<int>(t / groups % p.heads_kv);
@@ -110,38 +132,26 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, j0, nk, DV, DV, Vj);
         std::memset(dK, 0, sizeof(float) * kBc * Dp);
         std::memset(dV, 0, sizeof(float) * kBc * DVp);
+        // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i. Whole
+        // query tiles are taken; their rows outside that range are masked out entirely.
+        const int ilo = first_row(s.sq, [&](int i) { return mask.key_end(i) > j0; });
+        const int ihi = first_row(s.sq, [&](int i) { return mask.key_begin(i) >= j1; });
         for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
           const float slope = alibi_slope(p, a.alibi_slopes, b, h);
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
-          // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i.
-          const int ilo = first_row(s.sq, [&](int i) { return mask.key_end(i) > j0; });
-          const int ihi = first_row(s.sq, [&](int i) { return mask.key_begin(i) >= j1; });
-          for (int i0 = ilo; i0 < ihi; i0 += kBr) {
-            const int n = std::min(kBr, ihi - i0);
+          for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
+            const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
+            const float* QT = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
+            const float* dOT = QT + D * kBr;
+            const float* Qr = dOT + DV * kBr;
+            const float* dOr = Qr + kBr * Dp;
+            const float* L = dOr + kBr * DVp;
+            const float* Dr = L + kBr;
             rows.reset();
             for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
             rows.finish(n);
-            for (int r = 0; r < kBr; ++r) {
-              if (r < n) {
-                const std::int64_t qrow = s.q0 + i0 + r;
-                LoadRow(ptr(a.q, b, qrow, h), Qr + r * Dp, D);
-                for (int c = 0; c < D; ++c) QT[c * kBr + r] = Qr[r * Dp + c];
-                for (int c = D; c < Dp; ++c) Qr[r * Dp + c] = 0.f;
-                LoadRow(ptr(a.dout, b, qrow, h), dOr + r * DVp, DV);
-                for (int c = 0; c < DV; ++c) dOT[c * kBr + r] = dOr[r * DVp + c];
-                for (int c = DV; c < DVp; ++c) dOr[r * DVp + c] = 0.f;
-                const float lse = a.lse.ptr<const float>()[lse_elem(a.lse, p.varlen, b, qrow, h)];
-                L[r] = lse == -kInf ? kInf : lse * kLog2e;
-                Dr[r] = Dsum[h * rows_total + row_index(b, s, i0 + r)];
-              } else {
-                for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
-                for (int c = 0; c < DV; ++c) dOT[c * kBr + r] = 0.f;
-                L[r] = kInf;
-                Dr[r] = 0.f;
-              }
-            }
             Gemm(Kj, Dp, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
-            ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
+            ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
             Gemm(Vj, DV, 1, dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
             if (dropout) DropTile(drop, rows, dP, j0, nk);
             const VF keep_scale = hn::Set(df, dropout ? drop.keep_scale : 1.f);
@@ -186,7 +196,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int qb = static_cast<int>(t % qblocks), h = static_cast<int>(t / qblocks % p.heads_q);
       const int b = static_cast<int>(t / qblocks / p.heads_q);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      for (int i = qb * flash::kBr; i < std::min(s.sq, (qb + 1) * flash::kBr); ++i) {
+      for (int i = qb * kBr; i < std::min(s.sq, (qb + 1) * kBr); ++i) {
         const std::int64_t r = row_index(b, s, i);
         std::memcpy(acc, part(0, h, r), sizeof(float) * Dp);
         for (int g = 1; g < groups; ++g) {
@@ -217,10 +227,13 @@ HWY_EXPORT(FlashBackward);
 
 void flash_backward(const Problem& p, const BackwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a); }
 
-// D per query row and head, and one fp32 dQ partial per key group: O(N).
+// The packed query tiles of every head, and one fp32 dQ partial per key group: O(N).
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
-  const std::size_t rows = static_cast<std::size_t>(flash::total_q_rows(p, a)) * p.heads_q;
-  return sizeof(float) * rows * (1 + static_cast<std::size_t>(flash::backward_key_groups(p)) * flash::padded(p.hdim_qk));
+  const std::size_t packed = static_cast<std::size_t>(flash::backward_query_tiles(p, a)) * p.heads_q * flash::kBr *
+                             flash::backward_tile_floats(p);
+  const std::size_t partials = static_cast<std::size_t>(flash::total_q_rows(p, a)) * p.heads_q *
+                               flash::backward_key_groups(p) * flash::padded(p.hdim_qk);
+  return sizeof(float) * (packed + partials);
 }
 
 }  // namespace tileattn::cpu

@@ -59,6 +59,18 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
+// Backward: query tiles of all sequences, numbered row_index(b, 0) / kBr + b + tile. Sequence b's
+// tiles then end at or before sequence b + 1's first, since floor((q0 + n) / kBr) + 1 >=
+// floor(q0 / kBr) + ceil(n / kBr) for n >= 0.
+inline std::int64_t backward_query_tiles(const Problem& p, const BackwardArgs& a) {
+  return total_q_rows(p, a) / kBr + p.batch + 1;
+}
+
+// Backward: floats per query row of a packed tile: Q^T, dO^T, Q and dO padded, LSE and D.
+inline std::size_t backward_tile_floats(const Problem& p) {
+  return static_cast<std::size_t>(p.hdim_qk) + p.hdim_v + padded(p.hdim_qk) + padded(p.hdim_v) + 2;
+}
+
 // Backward: the key blocks of each (sequence, KV head) are dealt round-robin to this many tasks,
 // each with its own fp32 dQ partial, summed in a fixed order at the end. It depends on the problem
 // shape only, never on the thread count, so results are bitwise reproducible everywhere.

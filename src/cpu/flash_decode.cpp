@@ -120,7 +120,7 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
             if (p.rotary_dim > 0) rotate(dst, len + (p.rotary_per_row ? i : 0));
           },
           [&](int j) { return static_cast<const T*>(cache_row(a.k_cache, b, j, g)); },
-          [&](int j) { return static_cast<const T*>(cache_row(a.v_cache, b, j, g)); }, lo, hi, tiles, emit);
+          [&](int j) { return static_cast<const T*>(cache_row(a.v_cache, b, j, g)); }, 0, 0, lo, hi, tiles, emit);
     }
   });
   if (splits == 1) return;

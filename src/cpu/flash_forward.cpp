@@ -1,5 +1,6 @@
 // FlashAttention-2 forward on the CPU: one task per (sequence, query head, query tile), each
-// streaming its keys through AttendTile. Nothing larger than a tile is ever allocated.
+// streaming its keys through AttendTile. fp32 K and V are read in place; fp16/bf16 key tiles are
+// widened into a per-thread tile, so nothing larger than a tile is ever allocated.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -24,6 +25,8 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   sh.dropout = p.dropout_p > 0.f;
   sh.drop = p.dropout(a.options);
   const std::size_t es = sizeof(T);
+  const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
+  const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks, [&](std::int64_t begin, std::int64_t end) {
     float* tiles = flash::thread_tiles(attend_tile_floats(p.hdim_qk, p.hdim_v));
     TileRows rows;
@@ -42,24 +45,23 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
       rows.reset();
       for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
       rows.finish(n);
+      auto qrow = [&](int r, float* dst) {
+        LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
+                                           elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
+                dst, p.hdim_qk);
+      };
+      auto emit = [&](int r, const float* o, float lse) {
+        const std::int64_t row = s.q0 + i0 + r;
+        StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
+        if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
+      };
+      // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
+      const std::ptrdiff_t ldk = std::is_same_v<T, float> ? ks / 4 : 0, ldv = std::is_same_v<T, float> ? vs / 4 : 0;
       const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
       const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
-      const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
-      const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
       AttendTile<T>(
-          sh, rows,
-          [&](int r, float* dst) {
-            LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
-                                               elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
-                    dst, p.hdim_qk);
-          },
-          [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
-          [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, 0, s.sk, tiles,
-          [&](int r, const float* o, float lse) {
-            const std::int64_t row = s.q0 + i0 + r;
-            StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
-            if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
-          });
+          sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
+          [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, ldk, ldv, 0, s.sk, tiles, emit);
     }
   });
 }

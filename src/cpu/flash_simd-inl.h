@@ -120,24 +120,26 @@ HWY_INLINE void Gemm(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2^x for x <= 128, exactly 0 below -126 (so exp2(-inf) = 0): round-to-nearest range reduction
-// and the degree-7 Taylor polynomial of 2^f on [-0.5, 0.5] (truncation error ~5e-9).
+// 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0): round-to-nearest range reduction by the
+// 1.5 * 2^23 shifter, whose low mantissa bits then hold n as an integer (no float-int conversion),
+// and a degree-6 polynomial for 2^f on [-0.5, 0.5] fitted to relative error (4.4e-9, below fp32
+// rounding). n = -127 gives a zero exponent field, i.e. a factor of exactly 0.
 HWY_INLINE VF Exp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
-  const auto tiny = hn::Lt(x, hn::Set(d, -126.f));
-  x = hn::Max(x, hn::Set(d, -126.f));
-  const VF n = hn::Round(x);
-  const VF f = hn::Sub(x, n);
-  VF p = hn::Set(d, 1.525273380405984e-05f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.5403530393381606e-04f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618129107628477e-03f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550410866482158e-02f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.402265069591007e-01f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931471805599453e-01f));
+  const VF shifter = hn::Set(d, 12582912.f);
+  x = hn::Max(x, hn::Set(d, -127.f));
+  const VF t = hn::Add(x, shifter);
+  const VF f = hn::Sub(x, hn::Sub(t, shifter));
+  VF p = hn::Set(d, 1.5332507706943978e-04f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3394701155522834e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618491006078951e-03f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550342284395828e-02f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402264736446933e-01f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931471992071403e-01f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.f));
-  const auto e = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  return hn::IfThenZeroElse(tiny, hn::Mul(p, hn::BitCast(d, e)));
+  // The shifter's own bits vanish below bit 9, so this is (n + 127) << 23.
+  const auto e = hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127)));
+  return hn::Mul(p, hn::BitCast(d, e));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,12 +242,14 @@ struct TileRows {
 
 // The score pipeline of a tile of transposed raw products S^T [nk][kBr] (keys j0..j0+nk):
 // scale, softcap, ALiBi, mask, in log2 units (score * log2 e), in place. With softcap and `t`,
-// the tanh values are kept for the backward's derivative.
+// the tanh values are kept for the backward's derivative. `prescaled`: the products already carry
+// scale * log2 e (folded into Q; never with softcap).
 template <bool kSoftcap, bool kAlibi, bool kMasked>
-HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, float* t, int j0, int nk) {
+HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, float* t, int j0, int nk,
+                           bool prescaled) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  const VF to_log2 = hn::Set(d, sm.scale * kLog2e);
+  const VF to_log2 = hn::Set(d, prescaled ? 1.f : sm.scale * kLog2e);
   const VF inner = hn::Set(d, kSoftcap ? sm.scale / sm.softcap : 0.f);
   const VF outer = hn::Set(d, kSoftcap ? sm.softcap * kLog2e : 0.f);
   const VF neg_inf = hn::Set(d, -kInf);
@@ -270,16 +274,23 @@ HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, f
 }
 
 // ALiBi slopes come per row from `rows` (a GQA-packed decode tile mixes heads); `alibi` says on.
+// A prescaled tile that needs no ALiBi and no mask is already done.
 HWY_INLINE void ScoreTile(const ScoreMod& sm, bool alibi, const TileRows& rows, float* S, float* t, int j0,
-                          int nk, bool masked) {
+                          int nk, bool masked, bool prescaled = false) {
   const bool cap = sm.softcap > 0.f;
+  const bool ps = prescaled;
   if (cap) {
-    if (alibi) return masked ? ScoreTileT<true, true, true>(sm, rows, S, t, j0, nk) : ScoreTileT<true, true, false>(sm, rows, S, t, j0, nk);
-    return masked ? ScoreTileT<true, false, true>(sm, rows, S, t, j0, nk) : ScoreTileT<true, false, false>(sm, rows, S, t, j0, nk);
+    if (alibi) return masked ? ScoreTileT<true, true, true>(sm, rows, S, t, j0, nk, ps) : ScoreTileT<true, true, false>(sm, rows, S, t, j0, nk, ps);
+    return masked ? ScoreTileT<true, false, true>(sm, rows, S, t, j0, nk, ps) : ScoreTileT<true, false, false>(sm, rows, S, t, j0, nk, ps);
   }
-  if (alibi) return masked ? ScoreTileT<false, true, true>(sm, rows, S, t, j0, nk) : ScoreTileT<false, true, false>(sm, rows, S, t, j0, nk);
-  return masked ? ScoreTileT<false, false, true>(sm, rows, S, t, j0, nk) : ScoreTileT<false, false, false>(sm, rows, S, t, j0, nk);
+  if (alibi) return masked ? ScoreTileT<false, true, true>(sm, rows, S, t, j0, nk, ps) : ScoreTileT<false, true, false>(sm, rows, S, t, j0, nk, ps);
+  if (masked) return ScoreTileT<false, false, true>(sm, rows, S, t, j0, nk, ps);
+  if (!ps) ScoreTileT<false, false, false>(sm, rows, S, t, j0, nk, ps);
 }
+
+// The factor a query row may carry into the product so that S arrives in log2 units: scale *
+// log2 e, unless a softcap needs the raw product.
+inline float query_prescale(const ScoreMod& sm) { return sm.softcap > 0.f ? 1.f : sm.scale * kLog2e; }
 
 // Zeroes the dropped elements of a probability tile P^T [nk][kBr] (keys from j0).
 HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, int j0, int nk) {
@@ -295,8 +306,10 @@ HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, in
 
 // ---------------------------------------------------------------------------------------------
 // Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
-// [lo, hi)); qrow(r, dst) writes query row r as fp32. S = Q K^T and O += P V per key tile, fully masked tiles skipped, only tiles that cut a
-// row's key range masked per element. Per valid row r it calls emit(r, o, lse) with o the
+// [lo, hi)); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give key row j. With T
+// = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in place; otherwise each
+// key tile is copied (widened) into a dense one first. S = Q K^T and O += P V per key tile, fully
+// masked tiles skipped, only tiles that cut a row's key range masked per element. Per valid row r it calls emit(r, o, lse) with o the
 // normalized output row (fp32, dv values) and lse in natural log; rows with no visible key get
 // o = 0 and lse = -inf.
 
@@ -316,8 +329,8 @@ inline std::size_t attend_tile_floats(int d, int dv) {
 }
 
 template <class T, class QRow, class KRow, class VRow, class Emit>
-HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow, int lo,
-                           int hi, float* tiles, Emit emit) {
+HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow,
+                           std::ptrdiff_t ldk, std::ptrdiff_t ldv, int lo, int hi, float* tiles, Emit emit) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const int D = sh.d, DV = sh.dv;
@@ -331,11 +344,13 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
   float* alpha = l + kBr;             // [kBr] rescale of this step
   float* row = alpha + kBr;           // [max(D, DV)] one row
 
-  // Q^T, padding rows zero.
+  // Q^T carrying the scale where it can, padding rows zero.
+  const float qscale = query_prescale(sh.sm);
+  const bool prescaled = sh.sm.softcap <= 0.f;
   for (int r = 0; r < kBr; ++r) {
     if (r < rows.n) {
       qrow(r, row);
-      for (int c = 0; c < D; ++c) QT[c * kBr + r] = row[c];
+      for (int c = 0; c < D; ++c) QT[c * kBr + r] = row[c] * qscale;
     } else {
       for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
     }
@@ -349,10 +364,17 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
   bool first = true;
   for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
     const int nk = std::min(kBc, key_hi - j0);
-    LoadTile<T>(krow, j0, nk, D, D, Kt);
-    LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
-    Gemm(Kt, D, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
-    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk));
+    const float* K = Kt;
+    const float* V = Vt;
+    std::ptrdiff_t kld = D, vld = DV;
+    if constexpr (std::is_same_v<T, float>) {
+      if (ldk > 0) K = krow(j0), kld = ldk;
+      if (ldv > 0) V = vrow(j0), vld = ldv;
+    }
+    if (K == Kt) LoadTile<T>(krow, j0, nk, D, D, Kt);
+    if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
+    Gemm(K, kld, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk), prescaled);
     for (int v = 0; v < kBr; v += N) {
       VF mt = hn::Set(d, -kInf);
       for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
@@ -372,7 +394,7 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
       hn::StoreU(m_new, d, m + v);
     }
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
-    Gemm(Vt, 1, DV, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
+    Gemm(V, 1, vld, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
     first = false;
   }
 
