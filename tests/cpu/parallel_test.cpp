@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -64,7 +65,9 @@ TEST_F(Parallel, UsesSeveralThreads) {
       ids.push_back(std::this_thread::get_id());
     }
     arrived.fetch_add(1);
-    for (int spin = 0; spin < 2000 && arrived.load() < 2; ++spin) std::this_thread::yield();
+    // Bounded in time, not in spins: on a loaded machine a second worker can take a while to start.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
   });
   std::sort(ids.begin(), ids.end());
   EXPECT_GT(std::unique(ids.begin(), ids.end()) - ids.begin(), 1);
