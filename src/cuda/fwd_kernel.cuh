@@ -230,23 +230,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   }
   const unsigned bh = unsigned(b * p.heads_q + h);
 
-  // Key tiles from the last to the first. Only tiles the mask cuts (or the last, partial one) pay
-  // for masking and for bounds checks on V's rows; K[n - 1] lies below K[n], so all its rows exist.
-  for (int n = n_max - 1; n >= n_min; --n) {
+  // One key tile. kMasked: the mask cuts the tile (or it is the last, partial one), so scores are
+  // masked and V's rows are checked; whole tiles run a body without either. K[n - 1] lies below
+  // K[n], so all its rows exist.
+  auto key_tile = [&](auto masked, int n) __attribute__((always_inline)) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int col0 = n * kBlockN;
-    const bool masked = !mask.block_full(m0, m0 + rows, col0, col0 + kBlockN);
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K[n] has landed; every warp is done with V[n + 1]
-    copy_tile<true, !kEvenK, true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
+    copy_tile<kMasked, !kEvenK, true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
     cp_async_fence();
 
     gemm_ss(acc_s, rQ, rK, sQ_ld, sK_ld, mma, ldsm_q, ldsm_k, tid);
 
     Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
     if constexpr (kMods) apply_score_mod(s, cS_rc, mod, m0, col0, mask.diag_offset);
-    if (masked) apply_mask(s, cS_rc, mask, m0, col0);
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done with K[n]
@@ -255,6 +255,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
       cp_async_fence();
     }
 
+    // Masked after the barrier: ahead of it the compiler hoists the compares above the product and
+    // packs the predicates into bit masks.
+    if constexpr (kMasked) apply_mask(s, cS_rc, mask, m0, col0);
     softmax.update(s, acc_o_rc, scale_log2);
     if constexpr (kMods) {
       if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, m0, col0);
@@ -263,6 +266,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     Tensor rP = convert<Element>(acc_s);
     Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
     gemm_rs(acc_o, rP_a, rVt, sVt_ld, mma, ldsm_v, tid);
+  };
+
+  // Key tiles from the last to the first; only tiles the mask cuts pay for masking. The modifiers'
+  // kernel keeps one body (masking every tile): two spilled twice as much there.
+  for (int n = n_max - 1; n >= n_min; --n) {
+    if (!kMods && mask.block_full(m0, m0 + rows, n * kBlockN, (n + 1) * kBlockN))
+      key_tile(false_type{}, n);
+    else
+      key_tile(true_type{}, n);
   }
 
   float lse[kRows];

@@ -1,6 +1,7 @@
 // The online softmax of a query tile: a running max m and sum l per row, held by the four threads
 // of an mma.sync quad that share the row. Scores arrive as (rows, cols) register views; with
-// scale_log2 folded into one fma per element, p = exp2(s * scale_log2 - m * scale_log2).
+// scale_log2 folded into one fma per element, p = exp2(s * scale_log2 - m * scale_log2), where m
+// may trail the true row max by a bounded amount (update).
 #pragma once
 
 #include <cmath>
@@ -34,22 +35,41 @@ struct OnlineSoftmax {
   }
 
   // Turns the scores s into unnormalized probabilities and rescales the output rows o.
+  // The running max only moves when some row of this thread's would grow by more than
+  // kSlackLog2 (log2 units): below that the exps against the kept max stay under 2^kSlackLog2,
+  // harmless in the fp32 sums and the 16-bit P, and the rescale of o (a multiply per accumulator)
+  // is skipped; lse is formed from the same kept max, so the result is unchanged. The four
+  // threads of a quad hold the same rows, so they always decide alike.
   // A row whose keys are all masked so far keeps m = -inf; its exps use 0 as the max so that
   // -inf - -inf never makes a NaN. scale_log2 must be > 0 (the caller folds other scales into s).
+  static constexpr float kSlackLog2 = 8.f;
+
   template <class S, class O>
   __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
+    float mx[kRows];
+    bool grow = false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float mx = m[i];
+      mx[i] = m[i];
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) mx = fmaxf(mx, s(i, j));
-      mx = quad_max(mx);
-      const float base = (mx == -INFINITY ? 0.f : mx) * scale_log2;
-      const float corr = exp2f(m[i] * scale_log2 - base);
-      m[i] = mx;
-      l[i] *= corr;
+      for (int j = 0; j < size<1>(s); ++j) mx[i] = fmaxf(mx[i], s(i, j));
+      mx[i] = quad_max(mx[i]);
+      // No NaN: -inf > -inf + slack is false, finite > -inf is true.
+      grow |= mx[i] * scale_log2 > m[i] * scale_log2 + kSlackLog2;
+    }
+    if (grow) {
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+      for (int i = 0; i < kRows; ++i) {
+        const float corr = exp2f(m[i] * scale_log2 - (mx[i] == -INFINITY ? 0.f : mx[i]) * scale_log2);
+        m[i] = mx[i];
+        l[i] *= corr;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const float base = (m[i] == -INFINITY ? 0.f : m[i]) * scale_log2;
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s); ++j) {
