@@ -1,6 +1,7 @@
 // The online softmax of a query tile: a running max m and sum l per row, held by the four threads
 // of an mma.sync quad that share the row. Scores arrive as (rows, cols) register views; with
-// scale_log2 folded into one fma per element, p = exp2(s * scale_log2 - m * scale_log2).
+// scale_log2 folded into one fma per element, p = exp2(s * scale_log2 - m * scale_log2), where m
+// may trail the true row max by a bounded amount (update).
 #pragma once
 
 #include <cmath>
@@ -10,6 +11,21 @@
 namespace tileattn::cuda {
 
 using namespace cute;
+
+// 2^x on the FMA pipe, for the share of the exps that would otherwise queue on the one
+// special-function unit: x rounds to n through the 1.5 * 2^23 shifter, a cubic gives 2^(x - n) on
+// [-0.5, 0.5] (relative error under 1e-4, far below the 16-bit P's rounding), and n goes into the
+// exponent bits. x <= 64; below -127 the result is exactly 0 (2^-127 becomes the bits of 0.f).
+__device__ __forceinline__ float exp2_fma(float x) {
+  constexpr float kShifter = 12582912.f;
+  x = fmaxf(x, -127.f);
+  const float t = __fadd_rn(x, kShifter);
+  const float f = __fsub_rn(x, __fsub_rn(t, kShifter));
+  float p = fmaf(f, 0.05517153f, 0.24261111f);
+  p = fmaf(p, f, 0.69326103f);
+  p = fmaf(p, f, 0.99992806f);
+  return p * __int_as_float((__float_as_int(t) << 23) + 0x3f800000);
+}
 
 template <int kRows>
 struct OnlineSoftmax {
@@ -34,26 +50,47 @@ struct OnlineSoftmax {
   }
 
   // Turns the scores s into unnormalized probabilities and rescales the output rows o.
+  // The running max only moves when some row of this thread's would grow by more than
+  // kSlackLog2 (log2 units): below that the exps against the kept max stay under 2^kSlackLog2,
+  // harmless in the fp32 sums and the 16-bit P, and the rescale of o (a multiply per accumulator)
+  // is skipped; lse is formed from the same kept max, so the result is unchanged. The four
+  // threads of a quad hold the same rows, so they always decide alike.
   // A row whose keys are all masked so far keeps m = -inf; its exps use 0 as the max so that
   // -inf - -inf never makes a NaN. scale_log2 must be > 0 (the caller folds other scales into s).
-  template <class S, class O>
+  static constexpr float kSlackLog2 = 8.f;
+
+  // kFmaExpEvery > 0: every kFmaExpEvery-th column's exp goes through exp2_fma.
+  template <int kFmaExpEvery = 0, class S, class O>
   __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
+    float mx[kRows];
+    bool grow = false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float mx = m[i];
+      mx[i] = m[i];
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) mx = fmaxf(mx, s(i, j));
-      mx = quad_max(mx);
-      const float base = (mx == -INFINITY ? 0.f : mx) * scale_log2;
-      const float corr = exp2f(m[i] * scale_log2 - base);
-      m[i] = mx;
-      l[i] *= corr;
+      for (int j = 0; j < size<1>(s); ++j) mx[i] = fmaxf(mx[i], s(i, j));
+      mx[i] = quad_max(mx[i]);
+      // No NaN: -inf > -inf + slack is false, finite > -inf is true.
+      grow |= mx[i] * scale_log2 > m[i] * scale_log2 + kSlackLog2;
+    }
+    if (grow) {
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+      for (int i = 0; i < kRows; ++i) {
+        const float corr = exp2f(m[i] * scale_log2 - (mx[i] == -INFINITY ? 0.f : mx[i]) * scale_log2);
+        m[i] = mx[i];
+        l[i] *= corr;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const float base = (m[i] == -INFINITY ? 0.f : m[i]) * scale_log2;
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s); ++j) {
-        s(i, j) = exp2f(s(i, j) * scale_log2 - base);
+        const float x = s(i, j) * scale_log2 - base;
+        s(i, j) = kFmaExpEvery > 0 && j % kFmaExpEvery == kFmaExpEvery - 1 ? exp2_fma(x) : exp2f(x);
         sum += s(i, j);
       }
       l[i] += sum;  // this thread's columns only; the quad's sum is formed once at the end
