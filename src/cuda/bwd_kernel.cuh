@@ -455,7 +455,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     m0 = m0_next;
   }
 
-  // dK and dV through the K and V tiles' shared memory.
+  // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
+  // no iteration: its K and V copies may still be in flight.
+  cp_async_wait<0>();
   __syncthreads();
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
@@ -547,6 +549,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
     }
   }
 
+  cp_async_wait<0>();  // with no key tile to visit, Q and dO may still be in flight
   __syncthreads();
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + std::int64_t(s.q_start + m0) * p.dq_row + h * p.dq_head;
   Tensor gdQ = make_tensor(make_gmem_ptr(dq), TileQ{}, make_stride(p.dq_row, _1{}));
