@@ -20,18 +20,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
 
-// First i in [0, n) with pred(i) true, for pred false...true over i.
-template <class Pred>
-int first_row(int n, Pred pred) {
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (pred(mid)) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
-
 template <class T>
 void BackwardT(const Problem& p, const BackwardArgs& a) {
   const DF df;
@@ -134,8 +122,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         std::memset(dV, 0, sizeof(float) * kBc * DVp);
         // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i. Whole
         // query tiles are taken; their rows outside that range are masked out entirely.
-        const int ilo = first_row(s.sq, [&](int i) { return mask.key_end(i) > j0; });
-        const int ihi = first_row(s.sq, [&](int i) { return mask.key_begin(i) >= j1; });
+        const int ilo = mask.block_row_begin(j0), ihi = mask.block_row_end(j1);
         for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
           const float slope = alibi_slope(p, a.alibi_slopes, b, h);
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
