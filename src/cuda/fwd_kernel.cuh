@@ -25,14 +25,11 @@ using namespace cute;
 
 // kQInRegs: each warp keeps its Q fragments in registers for the whole loop instead of reading
 // them from shared memory for every key tile (a fifth less ldmatrix traffic at head dim 64).
-// kFmaExpEvery > 0: that share of the softmax's exps runs on the FMA pipe (OnlineSoftmax::update).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kQInRegs_ = false,
-          int kFmaExpEvery_ = 0>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kQInRegs_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
   static constexpr bool kQInRegs = kQInRegs_;
-  static constexpr int kFmaExpEvery = kFmaExpEvery_;
   static constexpr int kThreads = kWarps * 32;
   // Shared-memory rows are swizzled in 64- or 32-element (128 or 64 byte) chunks so that both the
   // 16-byte cp.async writes and the ldmatrix reads are free of bank conflicts.
@@ -268,7 +265,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     // Masked after the barrier: ahead of it the compiler hoists the compares above the product and
     // packs the predicates into bit masks.
     if constexpr (kMasked) apply_mask(s, cS_rc, mask, m0, col0);
-    softmax.template update<kMods ? 0 : T::kFmaExpEvery>(s, acc_o_rc, scale_log2);
+    softmax.update(s, acc_o_rc, scale_log2);
     if constexpr (kMods) {
       if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, m0, col0);
     }
