@@ -23,16 +23,10 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
-// kQInRegs: each warp keeps its Q fragments in registers for the whole loop instead of reading
-// them from shared memory for every key tile (a fifth less ldmatrix traffic at head dim 64).
-// kFmaExpEvery > 0: that share of the softmax's exps runs on the FMA pipe (OnlineSoftmax::update).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kQInRegs_ = false,
-          int kFmaExpEvery_ = 0>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
-  static constexpr bool kQInRegs = kQInRegs_;
-  static constexpr int kFmaExpEvery = kFmaExpEvery_;
   static constexpr int kThreads = kWarps * 32;
   // Shared-memory rows are swizzled in 64- or 32-element (128 or 64 byte) chunks so that both the
   // 16-byte cp.async writes and the ldmatrix reads are free of bank conflicts.
@@ -116,7 +110,6 @@ template <class T, bool kMods, bool kEvenK>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
-  constexpr bool kQInRegs = T::kQInRegs && !kMods;  // the modifiers' kernel has no registers to spare
   extern __shared__ __align__(128) char smem[];
 
   const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest causal tiles start first
@@ -250,10 +243,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     copy_tile<kMasked, !kEvenK, true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
     cp_async_fence();
 
-    if constexpr (kQInRegs)
-      gemm_rs(acc_s, rQ, rK, sK_ld, mma, ldsm_k, tid);
-    else
-      gemm_ss(acc_s, rQ, rK, sQ_ld, sK_ld, mma, ldsm_q, ldsm_k, tid);
+    gemm_ss(acc_s, rQ, rK, sQ_ld, sK_ld, mma, ldsm_q, ldsm_k, tid);
 
     Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
     if constexpr (kMods) apply_score_mod(s, cS_rc, mod, m0, col0, mask.diag_offset);
@@ -268,7 +258,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     // Masked after the barrier: ahead of it the compiler hoists the compares above the product and
     // packs the predicates into bit masks.
     if constexpr (kMasked) apply_mask(s, cS_rc, mask, m0, col0);
-    softmax.template update<kMods ? 0 : T::kFmaExpEvery>(s, acc_o_rc, scale_log2);
+    softmax.update(s, acc_o_rc, scale_log2);
     if constexpr (kMods) {
       if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, m0, col0);
     }
@@ -277,12 +267,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
     gemm_rs(acc_o, rP_a, rVt, sVt_ld, mma, ldsm_v, tid);
   };
-
-  if constexpr (kQInRegs) {
-    cp_async_wait<0>();
-    __syncthreads();  // Q has landed
-    copy(ldsm_q, sQ_ld, ldsm_q.get_thread_slice(tid).retile_D(rQ));
-  }
 
   // Key tiles from the last to the first; only tiles the mask cuts pay for masking. The modifiers'
   // kernel keeps one body (masking every tile): two spilled twice as much there.

@@ -15,13 +15,11 @@ namespace tileattn::cuda {
 
 // (block_m, block_n, warps) per head dim, picked by timing variants side by side on an H100
 // (bench/gpu_fwd_notes.md). hdim 64: a 64-key tile keeps the accumulators in registers without
-// spills (128 keys spilled and ran 3-8% slower), with room left for Q's fragments; a quarter of its
-// exps run on the FMA pipe. hdim 256: a
-// 64-row query tile on 4 warps (16 rows each) beat 128 rows on 8 warps on most rows, also without
-// spills. hdim 128 keeps 128 x 64: 128 x 32, 8 warps and a 3-blocks-per-SM register cap were all
-// slower.
+// spills (128 keys spilled and ran 3-8% slower). hdim 256: a 64-row query tile on 4 warps (16 rows
+// each) beat 128 rows on 8 warps on most rows, also without spills. hdim 128 keeps 128 x 64: 128 x 32,
+// 8 warps and a 3-blocks-per-SM register cap were all slower.
 template <class E, int D> struct FwdConfig;
-template <class E> struct FwdConfig<E, 64> { using type = FwdTraits<E, 64, 128, 64, 4, true, 4>; };
+template <class E> struct FwdConfig<E, 64> { using type = FwdTraits<E, 64, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 96> { using type = FwdTraits<E, 96, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 128> { using type = FwdTraits<E, 128, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128, 64, 8>; };

@@ -12,21 +12,6 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
-// 2^x on the FMA pipe, for the share of the exps that would otherwise queue on the one
-// special-function unit: x rounds to n through the 1.5 * 2^23 shifter, a cubic gives 2^(x - n) on
-// [-0.5, 0.5] (relative error under 1e-4, far below the 16-bit P's rounding), and n goes into the
-// exponent bits. x <= 64; below -127 the result is exactly 0 (2^-127 becomes the bits of 0.f).
-__device__ __forceinline__ float exp2_fma(float x) {
-  constexpr float kShifter = 12582912.f;
-  x = fmaxf(x, -127.f);
-  const float t = __fadd_rn(x, kShifter);
-  const float f = __fsub_rn(x, __fsub_rn(t, kShifter));
-  float p = fmaf(f, 0.05517153f, 0.24261111f);
-  p = fmaf(p, f, 0.69326103f);
-  p = fmaf(p, f, 0.99992806f);
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3f800000);
-}
-
 template <int kRows>
 struct OnlineSoftmax {
   float m[kRows];
@@ -59,8 +44,7 @@ struct OnlineSoftmax {
   // -inf - -inf never makes a NaN. scale_log2 must be > 0 (the caller folds other scales into s).
   static constexpr float kSlackLog2 = 8.f;
 
-  // kFmaExpEvery > 0: every kFmaExpEvery-th column's exp goes through exp2_fma.
-  template <int kFmaExpEvery = 0, class S, class O>
+  template <class S, class O>
   __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
     float mx[kRows];
     bool grow = false;
@@ -89,8 +73,7 @@ struct OnlineSoftmax {
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s); ++j) {
-        const float x = s(i, j) * scale_log2 - base;
-        s(i, j) = kFmaExpEvery > 0 && j % kFmaExpEvery == kFmaExpEvery - 1 ? exp2_fma(x) : exp2f(x);
+        s(i, j) = exp2f(s(i, j) * scale_log2 - base);
         sum += s(i, j);
       }
       l[i] += sum;  // this thread's columns only; the quad's sum is formed once at the end
