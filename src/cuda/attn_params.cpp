@@ -4,9 +4,11 @@
 
 namespace tileattn::cuda {
 
-RowStrides row_strides(const Problem& pr, const TensorView& t) {
+void row_strides(const Problem& pr, const TensorView& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
   const int r = pr.varlen ? 0 : 1;
-  return {pr.varlen ? 0 : t.stride[0], t.stride[r], t.stride[r + 1]};
+  batch = pr.varlen ? 0 : t.stride[0];
+  row = t.stride[r];
+  head = t.stride[r + 1];
 }
 
 FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
@@ -16,16 +18,10 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
   p.v = t.v.data;
   p.o = t.out.data;
   p.lse = t.lse.present() ? static_cast<float*>(t.lse.data) : nullptr;
-  const auto set = [&](const TensorView& v, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
-    const RowStrides s = row_strides(pr, v);
-    batch = s.batch;
-    row = s.row;
-    head = s.head;
-  };
-  set(t.q, p.q_batch, p.q_row, p.q_head);
-  set(t.k, p.k_batch, p.k_row, p.k_head);
-  set(t.v, p.v_batch, p.v_row, p.v_head);
-  set(t.out, p.o_batch, p.o_row, p.o_head);
+  row_strides(pr, t.q, p.q_batch, p.q_row, p.q_head);
+  row_strides(pr, t.k, p.k_batch, p.k_row, p.k_head);
+  row_strides(pr, t.v, p.v_batch, p.v_row, p.v_head);
+  row_strides(pr, t.out, p.o_batch, p.o_row, p.o_head);
   if (p.lse) {
     p.lse_batch = pr.varlen ? 0 : t.lse.stride[0];
     p.lse_head = t.lse.stride[pr.varlen ? 0 : 1];

@@ -15,10 +15,8 @@ struct AttnTensors {
 
 FwdParams attn_params(const Problem& pr, const AttnTensors& t);
 
-// Batched tensors are [b, s, h, d], varlen ones [total, h, d] whose rows start at cu_seqlens[b].
-struct RowStrides {
-  std::int64_t batch, row, head;
-};
-RowStrides row_strides(const Problem& pr, const TensorView& t);
+// The batch, row and head element strides of t: batched tensors are [b, s, h, d], varlen ones
+// [total, h, d] (batch stride 0) whose rows start at cu_seqlens[b].
+void row_strides(const Problem& pr, const TensorView& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head);
 
 }  // namespace tileattn::cuda

@@ -71,16 +71,10 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.dq = a.dq.data;
   p.dk = a.dk.data;
   p.dv = a.dv.data;
-  const auto set = [&](const TensorView& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
-    const RowStrides s = row_strides(pr, t);
-    batch = s.batch;
-    row = s.row;
-    head = s.head;
-  };
-  set(a.dout, p.do_batch, p.do_row, p.do_head);
-  set(a.dq, p.dq_batch, p.dq_row, p.dq_head);
-  set(a.dk, p.dk_batch, p.dk_row, p.dk_head);
-  set(a.dv, p.dv_batch, p.dv_row, p.dv_head);
+  row_strides(pr, a.dout, p.do_batch, p.do_row, p.do_head);
+  row_strides(pr, a.dq, p.dq_batch, p.dq_row, p.dq_head);
+  row_strides(pr, a.dk, p.dk_batch, p.dk_row, p.dk_head);
+  row_strides(pr, a.dv, p.dv_batch, p.dv_row, p.dv_head);
   p.rows_total = rows_total(pr, a);
   p.dq_cols = in->hdim;
   p.batch = pr.batch;
