@@ -1,8 +1,13 @@
-// Small CuTe helpers shared by the attention kernels: predicated tile copies, the two tile products
-// (shared x shared, register x shared) with the next k-slice's fragments loaded ahead, and the
-// views of an mma.sync accumulator as (rows, cols) and as the A operand of the next product.
+// Small CuTe helpers shared by the attention kernels: predicated tile copies, the two mma.sync tile
+// products (shared x shared, register x shared) with the next k-slice's fragments loaded ahead, the
+// wgmma product, and the views of an accumulator as (rows, cols) and as the A operand of the next
+// product.
 #pragma once
 
+#include <type_traits>
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
@@ -67,18 +72,53 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, const SB
   }
 }
 
-// An SM80 16x8 accumulator ((2 cols, 2 rows), MMA_M, MMA_N) seen as ((2, MMA_M) rows, (2, MMA_N) cols).
-template <class L>
-__device__ __forceinline__ constexpr auto rowcol(const L& acc) {
-  auto l = logical_divide(acc, Shape<_2>{});
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+// acc (+)= A * B on a warpgroup's tensor cores (wgmma), A from shared memory (descriptors) or from
+// registers, B from shared memory. Issues the k-slices as one asynchronous batch and returns without
+// waiting: the caller waits with warpgroup_wait<N>() before touching acc (or A's registers).
+// kZero starts from zero instead of accumulating.
+template <bool kZero, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void gemm_wg(Mma& mma, const TA& a, const TB& b, TC& acc) {
+  constexpr bool kRegA = !std::is_same_v<std::decay_t<decltype(a.data())>, GMMA::DescriptorIterator>;
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = kZero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(acc);
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
-// The same accumulator regrouped as the A operand of a 16x8x16 product: ((2,2,2), MMA_M, MMA_N / 2).
+// An accumulator seen as (rows, cols). mma.sync 16x8: ((2 cols, 2 rows), MMA_M, MMA_N) ->
+// ((2, MMA_M), (2, MMA_N)). wgmma 64xN: ((2 cols, 2 rows, N/8 col groups), MMA_M, MMA_N) ->
+// ((2, MMA_M), (2, N/8, MMA_N)). Either way a row's values sit in the 4 lanes of a quad.
+template <class L>
+__device__ __forceinline__ constexpr auto rowcol(const L& acc) {
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+  } else {
+    auto l = logical_divide(acc, Shape<_2>{});
+    return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+  }
+}
+
+// The same accumulator regrouped as the register A operand of the next product, whose k-slices are
+// 16 wide. mma.sync: ((2,2,2), MMA_M, MMA_N / 2). wgmma: ((2,2,2), MMA_M, (N/16, MMA_N)).
 template <class L>
 __device__ __forceinline__ constexpr auto acc_as_a(const L& acc) {
-  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
-  return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    auto l = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(l), get<1>(l), get<2, 0>(l)), get<1>(acc),
+                       make_layout(get<2, 1>(l), get<2>(acc)));
+  } else {
+    auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  }
 }
 
 // A register tensor of another element type with the same layout.

@@ -5,6 +5,7 @@
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
 #include "cuda/fwd_launch.hpp"
+#include "cuda/runtime.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -44,7 +45,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
                                         a.alibi_slopes, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
-                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
+                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f), device_runs_sm90a(),
                   static_cast<cudaStream_t>(a.options.stream)};
   in->launch(p, g);
 }

@@ -8,6 +8,7 @@
 
 #include "cuda/element.cuh"
 #include "cuda/fwd_kernel.cuh"
+#include "cuda/fwd_kernel_sm90.cuh"
 #include "cuda/fwd_launch.hpp"
 #include "tileattn/error.hpp"
 
@@ -25,13 +26,21 @@ template <class E> struct FwdConfig<E, 128> { using type = FwdTraits<E, 128, 128
 template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128, 64, 8>; };
 template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 64, 64, 4>; };
 
+// Hopper: 64 query rows per warpgroup. Key tiles as wide as the registers allow without spills:
+// the S accumulators (block_n / 2 per thread) sit beside O's (head_dim / 2).
+template <class E, int D> struct FwdConfigSm90;
+template <class E> struct FwdConfigSm90<E, 64> { using type = FwdTraitsSm90<E, 64, 128, 128>; };
+template <class E> struct FwdConfigSm90<E, 96> { using type = FwdTraitsSm90<E, 96, 128, 128>; };
+template <class E> struct FwdConfigSm90<E, 128> { using type = FwdTraitsSm90<E, 128, 128, 128>; };
+template <class E> struct FwdConfigSm90<E, 192> { using type = FwdTraitsSm90<E, 192, 128, 96>; };
+template <class E> struct FwdConfigSm90<E, 256> { using type = FwdTraitsSm90<E, 256, 128, 64>; };
+
 inline void throw_on(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("tileattn::forward: ") + what + ": " + cudaGetErrorString(e));
 }
 
-template <class T, bool kMods, bool kEvenK>
-void launch_traits(const FwdParams& p, const FwdGrid& g) {
-  auto kernel = fwd_kernel<T, kMods, kEvenK>;
+template <class T, class Kernel>
+void launch_kernel(Kernel kernel, const FwdParams& p, const FwdGrid& g) {
   if (T::kSmemBytes > 48 * 1024)
     throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "raising the kernel's shared-memory limit");
@@ -40,16 +49,27 @@ void launch_traits(const FwdParams& p, const FwdGrid& g) {
   throw_on(cudaGetLastError(), "launching the forward kernel");
 }
 
+// The modifiers' kernel keeps its column checks: it is not the one that must be fast.
+template <class T, template <class, bool, bool> class Kernel>
+void launch_variant(const FwdParams& p, const FwdGrid& g) {
+  if (g.mods)
+    launch_kernel<T>(Kernel<T, true, false>::fn, p, g);
+  else if (p.d_qk == T::kHeadDim && p.d_v == T::kHeadDim)
+    launch_kernel<T>(Kernel<T, false, true>::fn, p, g);
+  else
+    launch_kernel<T>(Kernel<T, false, false>::fn, p, g);
+}
+
+template <class T, bool kMods, bool kEvenK> struct Portable { static constexpr auto fn = fwd_kernel<T, kMods, kEvenK>; };
+template <class T, bool kMods, bool kEvenK> struct Hopper { static constexpr auto fn = fwd_kernel_sm90<T, kMods, kEvenK>; };
+
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
-  using T = typename FwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
-  // The modifiers' kernel keeps its column checks: it is not the one that must be fast.
-  if (g.mods)
-    launch_traits<T, true, false>(p, g);
-  else if (p.d_qk == kHeadDim && p.d_v == kHeadDim)
-    launch_traits<T, false, true>(p, g);
-  else
-    launch_traits<T, false, false>(p, g);
+  using E = typename ElementOf<kDtype>::type;
+#ifdef TILEATTN_CUDA_SM90A
+  if (g.sm90a) return launch_variant<typename FwdConfigSm90<E, kHeadDim>::type, Hopper>(p, g);
+#endif
+  launch_variant<typename FwdConfig<E, kHeadDim>::type, Portable>(p, g);
 }
 
 }  // namespace tileattn::cuda

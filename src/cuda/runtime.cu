@@ -1,5 +1,6 @@
 #include "cuda/runtime.hpp"
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -43,6 +44,11 @@ DeviceInfo device_info() {
 int device_sm_count() { return device_info().sms; }
 
 bool device_has_dependent_launch() { return device_info().major >= 9; }
+
+bool device_runs_sm90a() {
+  static const bool portable = std::getenv("TILEATTN_CUDA_PORTABLE") != nullptr;
+  return device_info().major == 9 && !portable;
+}
 
 DeviceGuard::DeviceGuard(int index) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");

@@ -20,6 +20,10 @@ int device_sm_count();
 // Whether the current device runs programmatic dependent launches (sm_90+): a kernel launched so
 // may start while the previous one in the stream still runs, and waits for its results itself.
 bool device_has_dependent_launch();
+// Whether calls on the current device run the Hopper (sm_90a) kernels: the device is sm_90 and the
+// environment variable TILEATTN_CUDA_PORTABLE is unset (set, it selects the portable sm_80 kernels,
+// so that they can be tested and compared on a Hopper machine).
+bool device_runs_sm90a();
 
 // Makes `index` the current device for the scope of a call.
 class DeviceGuard {
