@@ -1,8 +1,10 @@
 // The Hopper forward kernel (sm_90a): the portable kernel's algorithm on warpgroup tensor cores.
 // One thread block per (query tile, sequence, head); each warpgroup (128 threads) owns 64 query rows.
 // S = Q K^T reads both operands straight from shared memory (wgmma descriptors, no ldmatrix), and
-// O += P V takes P from the S accumulators in registers. K and V tiles stream through with cp.async
-// as in the portable kernel (V's load overlapping S = Q K^T, the next K's the softmax and P V).
+// O += P V takes P from the S accumulators in registers. The products are asynchronous, so each
+// iteration issues S[n - 1] = Q K[n - 1]^T and O += P[n] V[n] together and runs the softmax of
+// S[n - 1] while O's product is still in flight (its rescale waits for it). K and V are double
+// buffered and stream in with cp.async a whole iteration ahead.
 // Shared memory uses wgmma's 128-byte (64-byte for head dim 96) swizzled layouts; V is read as V^T
 // by the transposing (MN-major) B operand, without a copy.
 #pragma once
@@ -43,9 +45,9 @@ struct FwdTraitsSm90 {
   using SmemAtom =
       std::conditional_t<kChunk == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  using SmemLayoutVt =
-      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, _2>{}));
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
 
   static constexpr int kThreadsPerRow = kChunk / 8;
   using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
@@ -55,7 +57,7 @@ struct FwdTraitsSm90 {
                                              Layout<Shape<_1, _8>>{}));
   using StoreOAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * int(sizeof(Element));
 };
 
 // cp.async writes go through the generic proxy and wgmma reads through the async proxy: each thread
@@ -173,10 +175,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel_sm90(const __grid_c
     return;
   }
 
-  copy_tile<true, !kEvenK, true>(gload, tQg, tQs, tQc, rows, p.d_qk);
-  copy_tile<true, !kEvenK, true>(gload, tKg(_, _, _, n_max - 1), tKs, tKVc, sk - (n_max - 1) * kBlockN, p.d_qk);
-  cp_async_fence();
-
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
   ScoreMod mod{p.scale, p.softcap, 0.f};
   if constexpr (kMods) {
@@ -184,45 +182,64 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel_sm90(const __grid_c
   }
   const unsigned bh = unsigned(b * p.heads_q + h);
 
-  // One key tile; kMasked as in the portable kernel.
-  auto key_tile = [&](auto masked, int n) __attribute__((always_inline)) {
-    constexpr bool kMasked = decltype(masked)::value;
+  // Scores of key tile n to probabilities: modifiers, the mask where it cuts the tile, the softmax
+  // (returning whether O must be rescaled by corr), dropout.
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  float corr[kRows];
+  auto probabilities = [&](auto masked, int n) __attribute__((always_inline)) {
     const int col0 = n * kBlockN;
-    Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    cp_async_land();  // K[n] has landed; every warpgroup is done with V[n + 1]
-    copy_tile<kMasked, !kEvenK, true>(gload, tVg(_, _, _, n), tVs, tKVc, sk - col0, p.d_v);
-    cp_async_fence();
-
-    gemm_wg<true>(mma_s, dQ, dK, acc_s);
-    warpgroup_wait<0>();
-
-    Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
     if constexpr (kMods) apply_score_mod(s, cS_rc, mod, m0, col0, mask.diag_offset);
-
-    cp_async_land();  // V[n] has landed; every warpgroup is done with K[n]
-    if (n > n_min) {
-      copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, n - 1), tKs, tKVc, 0, p.d_qk);
-      cp_async_fence();
-    }
-
-    if constexpr (kMasked) apply_mask(s, cS_rc, mask, m0, col0);
-    softmax.update(s, acc_o_rc, scale_log2);
+    if constexpr (decltype(masked)::value) apply_mask(s, cS_rc, mask, m0, col0);
+    const bool grow = softmax.move_max(s, scale_log2, corr);
+    softmax.exponentiate(s, scale_log2);
     if constexpr (kMods) {
       if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, m0, col0);
     }
-
-    Tensor rP = convert<Element>(acc_s);
-    Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
-    gemm_wg<false>(mma_o, rP_a, dVt, acc_o);
-    warpgroup_wait<0>();
+    return grow;
+  };
+  auto scores_to_p = [&](int n) __attribute__((always_inline)) {
+    // The modifiers' kernel keeps one body: two spilled twice as much in the portable kernel.
+    if (!kMods && mask.block_full(m0, m0 + rows, n * kBlockN, (n + 1) * kBlockN)) return probabilities(false_type{}, n);
+    return probabilities(true_type{}, n);
   };
 
-  for (int n = n_max - 1; n >= n_min; --n) {
-    if (!kMods && mask.block_full(m0, m0 + rows, n * kBlockN, (n + 1) * kBlockN))
-      key_tile(false_type{}, n);
-    else
-      key_tile(true_type{}, n);
+  // Loads: Q and K[top] first, then V[top] and K[top - 1]. The last key tile is the only partial one.
+  const int top = n_max - 1;
+  copy_tile<true, !kEvenK, true>(gload, tQg, tQs, tQc, rows, p.d_qk);
+  copy_tile<true, !kEvenK, true>(gload, tKg(_, _, _, top), tKs(_, _, _, top & 1), tKVc, sk - top * kBlockN, p.d_qk);
+  cp_async_fence();
+  copy_tile<true, !kEvenK, true>(gload, tVg(_, _, _, top), tVs(_, _, _, top & 1), tKVc, sk - top * kBlockN, p.d_v);
+  if (top > n_min) copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, top - 1), tKs(_, _, _, (top - 1) & 1), tKVc, 0, p.d_qk);
+  cp_async_fence();
+  cp_async_wait<1>();
+  cutlass::arch::fence_view_async_shared();
+  __syncthreads();
+
+  gemm_wg<true>(mma_s, dQ, dK(_, _, _, top & 1), acc_s);
+  warpgroup_wait<0>();
+  scores_to_p(top);  // O is still zero: nothing to rescale
+  Tensor rP = convert<Element>(acc_s);
+  Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+  for (int n = top; n > n_min; --n) {
+    cp_async_land();  // K[n - 1] and V[n] have landed; every warpgroup is done with K[n] and V[n + 1]
+    if (n - 1 > n_min) copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, n - 2), tKs(_, _, _, n & 1), tKVc, 0, p.d_qk);
+    copy_tile<false, !kEvenK, true>(gload, tVg(_, _, _, n - 1), tVs(_, _, _, (n - 1) & 1), tKVc, 0, p.d_v);
+    cp_async_fence();
+
+    gemm_wg<true>(mma_s, dQ, dK(_, _, _, (n - 1) & 1), acc_s);
+    gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, n & 1), acc_o);
+    warpgroup_wait<1>();  // S[n - 1] is done; O's product runs on
+    const bool grow = scores_to_p(n - 1);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(rP);  // P[n]'s registers are free only now
+    if (grow) softmax.rescale(acc_o_rc, corr);
+    copy(convert<Element>(acc_s), rP);
   }
+  cp_async_land();  // V[n_min]
+  gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, n_min & 1), acc_o);
+  warpgroup_wait<0>();
 
   float lse[kRows];
   softmax.finish(acc_o_rc, scale_log2, kMods && p.dropout ? p.drop.keep_scale : 1.f, lse);

@@ -46,6 +46,16 @@ struct OnlineSoftmax {
 
   template <class S, class O>
   __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
+    float corr[kRows];
+    if (move_max(s, scale_log2, corr)) rescale(o, corr);
+    exponentiate(s, scale_log2);
+  }
+
+  // The first half of update: moves the running max for the scores s (rescaling the sums) and
+  // returns whether it moved, with the factor the outputs must take in corr. A kernel whose output
+  // product is still in flight applies rescale once it lands.
+  template <class S>
+  __device__ __forceinline__ bool move_max(const S& s, float scale_log2, float (&corr)[kRows]) {
     float mx[kRows];
     bool grow = false;
     CUTE_UNROLL
@@ -60,13 +70,26 @@ struct OnlineSoftmax {
     if (grow) {
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        const float corr = exp2f(m[i] * scale_log2 - (mx[i] == -INFINITY ? 0.f : mx[i]) * scale_log2);
+        corr[i] = exp2f(m[i] * scale_log2 - (mx[i] == -INFINITY ? 0.f : mx[i]) * scale_log2);
         m[i] = mx[i];
-        l[i] *= corr;
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+        l[i] *= corr[i];
       }
     }
+    return grow;
+  }
+
+  template <class O>
+  static __device__ __forceinline__ void rescale(O& o, const float (&corr)[kRows]) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr[i];
+    }
+  }
+
+  // The second half: scores to unnormalized probabilities against the kept max.
+  template <class S>
+  __device__ __forceinline__ void exponentiate(S& s, float scale_log2) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const float base = (m[i] == -INFINITY ? 0.f : m[i]) * scale_log2;
