@@ -69,7 +69,7 @@ __device__ __forceinline__ void cp_async_land() {
 }
 
 template <class T, bool kMods, bool kEvenK>
-__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(T::kThreads, T::kWarpGroups == 1 ? 2 : 1) fwd_kernel_sm90(const __grid_constant__ FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
