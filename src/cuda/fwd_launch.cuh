@@ -69,7 +69,10 @@ template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
 #ifdef TILEATTN_CUDA_SM90A
-  if (g.sm90a) return launch_variant<typename FwdConfigSm90<E, kHeadDim>::type, Hopper>(p, g);
+  // Head dim 64 with up to 2k keys: each block sees at most 16 key tiles and the portable kernel's
+  // shorter prologue wins (bench/notes/forward_sm90.md).
+  const bool portable_wins = kHeadDim == 64 && g.max_seqlen_k <= 2048;
+  if (g.sm90a && !portable_wins) return launch_variant<typename FwdConfigSm90<E, kHeadDim>::type, Hopper>(p, g);
 #endif
   launch_variant<typename FwdConfig<E, kHeadDim>::type, Portable>(p, g);
 }

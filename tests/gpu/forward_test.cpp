@@ -264,6 +264,18 @@ TEST_F(GpuForward, LongSequencesAndGqa) {
   c.window_right = 30;
   c.causal = false;
   check_case(c, seed + 2);
+  // Head dim 64 beyond 2k keys (the Hopper kernel's range there), causal with ragged tiles, then
+  // with a narrower V (the column-checked variant) and softcap (the modifiers' variant).
+  Case d;
+  d.seqlen_q = 333;
+  d.seqlen_k = 2333;
+  d.heads_q = 6;
+  d.heads_kv = 2;
+  d.causal = true;
+  check_case(d, seed + 3);
+  d.hdim_v = 40;
+  d.softcap = 30.f;
+  check_case(d, seed + 4);
 }
 
 // seqlen_q > seqlen_k with bottom-right causal leaves the first rows without keys: out = 0,
