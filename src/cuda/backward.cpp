@@ -87,7 +87,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   launch_bwd_dsum(pr.dtype, p, stream);
   const BwdGrid g{pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k,
                   pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f), a.options.deterministic,
-                  stream};
+                  device_runs_sm90a(), stream};
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
 }

@@ -136,6 +136,25 @@ struct BwdHead {
   }
 };
 
+// Loads (cp.async) the K and V tile of key block n0, rows past the sequence and columns past the
+// head dims zeroed.
+template <class T, class SK>
+__device__ __forceinline__ void load_key_tile(const FwdParams& f, const BwdSeq& s, int b, int hk, int n0, SK&& sK,
+                                              SK&& sV, int tid) {
+  using Element = typename T::Element;
+  using TileKV = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>;
+  const std::int64_t k_row0 = s.k_start + n0;
+  const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + k_row0 * f.k_row + hk * f.k_head;
+  const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + k_row0 * f.v_row + hk * f.v_head;
+  Tensor gK = make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(f.k_row, _1{}));
+  Tensor gV = make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(f.v_row, _1{}));
+  typename T::GmemLoad gload;
+  auto gl = gload.get_thread_slice(tid);
+  Tensor c = gl.partition_S(make_identity_tensor(TileKV{}));
+  copy_tile<true, true, true>(gload, gl.partition_S(gK), gl.partition_D(sK), c, s.sk - n0, f.d_qk);
+  copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), c, s.sk - n0, f.d_v);
+}
+
 // Loads one query tile's Q, dO (cp.async, rows past the sequence zeroed), LSE and D. Rows past
 // the sequence get LSE = -inf, so that their probabilities are 0.
 template <class T, class SQ, class SdO>
@@ -168,6 +187,85 @@ __device__ __forceinline__ void load_query_tile(const BwdParams& p, const BwdSeq
     } else {
       sLse[r] = -INFINITY;
       sDsum[r] = 0.f;
+    }
+  }
+}
+
+// LSE (log2 units, +inf for rows past the sequence so that their probabilities are 0) and D of
+// the query columns a thread holds in an S^T tile; c: the tile's (key, query) coordinates.
+template <int kC>
+struct TileRows {
+  float lse2[kC], dsum[kC];
+  template <class C>
+  __device__ __forceinline__ TileRows(const C& c, const float* sLse, const float* sDsum) {
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      const int q = get<1>(c(0, j));
+      const float l = sLse[q];
+      lse2[j] = l == -INFINITY ? INFINITY : l * kLog2e;
+      dsum[j] = sDsum[q];
+    }
+  }
+};
+
+// S^T (keys x queries, as (rows, cols)) to P^T in place: modifiers (with a softcap, dsc keeps
+// d(score)/d(qk) per element for dS), the mask where `masked`, exp2 against the rows' LSE. Scores
+// in log2 units; the plain kernel folds the scale into the exponent.
+template <bool kMods, class S, class Dsc, class C, class Rows>
+__device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
+                                             int n0, int m0, S& s, Dsc& dsc, const C& c, const Rows& cols) {
+  constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
+  if constexpr (kMods) {
+    const bool softcap = f.softcap > 0.f;
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      CUTE_UNROLL
+      for (int j = 0; j < kC; ++j) {
+        const float capped = hd.mod.capped(s(i, j));
+        if (softcap) dsc(i, j) = hd.mod.dscore(capped);
+        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, mask.diag_offset)) * kLog2e;
+      }
+    }
+  }
+  if (masked) {
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      CUTE_UNROLL
+      for (int j = 0; j < kC; ++j)
+        if (!mask.visible(m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
+    }
+  }
+  const float scale_log2 = kMods ? 1.f : f.scale_log2;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) s(i, j) = exp2f(fmaf(s(i, j), scale_log2, -cols.lse2[j]));
+  }
+}
+
+// dP^T to dS^T = P^T * (dP^T - D) in place (times d(score)/d(qk) under a softcap), with dropout's
+// zeros and 1 / (1 - p) on dP and P.
+template <bool kMods, class S, class Dsc, class C, class Rows>
+__device__ __forceinline__ void dpt_to_dst(const FwdParams& f, const BwdHead& hd, int n0, int m0, S& s, S& dp,
+                                           const Dsc& dsc, const C& c, const Rows& cols) {
+  constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
+  const bool softcap = kMods && f.softcap > 0.f;
+  const bool dropout = kMods && f.dropout;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    const int key = n0 + get<0>(c(i, 0));
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      float d = dp(i, j);
+      const float p = s(i, j);
+      if (dropout) {
+        const bool keep = f.drop.keep(hd.bh, unsigned(m0 + get<1>(c(i, j))), unsigned(key));
+        d = keep ? d * f.drop.keep_scale : 0.f;
+        s(i, j) = keep ? p * f.drop.keep_scale : 0.f;
+      }
+      dp(i, j) = softcap ? p * (d - cols.dsum[j]) * dsc(i, j) : p * (d - cols.dsum[j]);
     }
   }
 }
@@ -209,47 +307,9 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
   Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   Tensor cS = tm.partition_C(make_identity_tensor(TileS{}));
   Tensor c = make_tensor(cS.data(), rowcol(cS.layout()));
-  constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
-  float lse2[kC], dsum[kC];
-  CUTE_UNROLL
-  for (int j = 0; j < kC; ++j) {
-    const int q = get<1>(c(0, j));
-    const float l = sLse[q];
-    lse2[j] = l == -INFINITY ? INFINITY : l * kLog2e;
-    dsum[j] = sDsum[q];
-  }
-
-  // Scores in log2 units (plain kernel: the scale is folded into the exponent); with a softcap,
-  // dsc keeps d(score)/d(qk) per element for dS.
-  Tensor dsc = make_tensor<float>(Shape<Int<kR>, Int<kC>>{});
-  const bool softcap = kMods && f.softcap > 0.f;
-  if constexpr (kMods) {
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const int key = n0 + get<0>(c(i, 0));
-      CUTE_UNROLL
-      for (int j = 0; j < kC; ++j) {
-        const float capped = hd.mod.capped(s(i, j));
-        if (softcap) dsc(i, j) = hd.mod.dscore(capped);
-        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, mask.diag_offset)) * kLog2e;
-      }
-    }
-  }
-  if (masked) {
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const int key = n0 + get<0>(c(i, 0));
-      CUTE_UNROLL
-      for (int j = 0; j < kC; ++j)
-        if (!mask.visible(m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
-    }
-  }
-  const float scale_log2 = kMods ? 1.f : f.scale_log2;
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    CUTE_UNROLL
-    for (int j = 0; j < kC; ++j) s(i, j) = exp2f(fmaf(s(i, j), scale_log2, -lse2[j]));
-  }
+  TileRows<decltype(size<1>(s))::value> cols(c, sLse, sDsum);
+  Tensor dsc = make_tensor<float>(shape(s));
+  scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s, dsc, c, cols);
 
   Tensor acc_dp = partition_fragment_C(mma, TileS{});
   clear(acc_dp);
@@ -259,26 +319,8 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
     gemm_ss(acc_dp, rV, rdO, at(ld_a_thr.partition_S(sV), koff), at(ld_b_thr.partition_S(sdO), qoff), mma, ld_a,
             ld_b, tid);
   }
-
-  // dS^T = P^T * (dP^T - D) (times d(score)/d(qk) under a softcap), with dropout's zeros and
-  // 1 / (1 - p) on dP and P.
   Tensor dp = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
-  const bool dropout = kMods && f.dropout;
-  CUTE_UNROLL
-  for (int i = 0; i < kR; ++i) {
-    const int key = n0 + get<0>(c(i, 0));
-    CUTE_UNROLL
-    for (int j = 0; j < kC; ++j) {
-      float d = dp(i, j);
-      const float p = s(i, j);
-      if (dropout) {
-        const bool keep = f.drop.keep(hd.bh, unsigned(m0 + get<1>(c(i, j))), unsigned(key));
-        d = keep ? d * f.drop.keep_scale : 0.f;
-        s(i, j) = keep ? p * f.drop.keep_scale : 0.f;
-      }
-      dp(i, j) = softcap ? p * (d - dsum[j]) * dsc(i, j) : p * (d - dsum[j]);
-    }
-  }
+  dpt_to_dst<kMods>(f, hd, n0, m0, s, dp, dsc, c, cols);
 
   auto st = make_tiled_copy_C(typename T::StoreAtom{}, mma);
   auto st_thr = st.get_thread_slice(tid);
@@ -358,17 +400,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
 
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   const std::int64_t k_row0 = s.k_start + n0;
-  {
-    const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + k_row0 * f.k_row + hk * f.k_head;
-    const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + k_row0 * f.v_row + hk * f.v_head;
-    Tensor gK = make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(f.k_row, _1{}));
-    Tensor gV = make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(f.v_row, _1{}));
-    typename T::GmemLoad gload;
-    auto gl = gload.get_thread_slice(tid);
-    Tensor c = gl.partition_S(make_identity_tensor(TileKV{}));
-    copy_tile<true, true, true>(gload, gl.partition_S(gK), gl.partition_D(sK), c, s.sk - n0, f.d_qk);
-    copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), c, s.sk - n0, f.d_v);
-  }
+  load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid);
   // Iteration t visits head hk * group + t / tiles, query tile m_lo + t % tiles.
   // Iterations visit the query tiles m_lo.. of each head of the group in turn.
   auto load = [&](int h, int m0, int st) {

@@ -2,7 +2,10 @@
 // instantiation units only.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/bwd_kernel.cuh"
+#include "cuda/bwd_kernel_sm90.cuh"
 #include "cuda/element.cuh"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/runtime.hpp"
@@ -21,6 +24,13 @@ template <class E> struct BwdConfig<E, 96> { using type = BwdTraits<E, 96, 64, 1
 template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64, 128, 8, 4, 4, 2, 2>; };
 template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
 template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
+
+// Hopper, atomic dQ mode: 128-key tiles (64 keys per warpgroup) and 64-row query tiles, as
+// FlashAttention-3 tiles head dim 128. Other head dims and the deterministic mode run the portable
+// kernels.
+template <class E, int D> struct BwdConfigSm90 { using type = void; };
+template <class E> struct BwdConfigSm90<E, 64> { using type = BwdTraitsSm90<E, 64, 64, 128>; };
+template <class E> struct BwdConfigSm90<E, 128> { using type = BwdTraitsSm90<E, 128, 64, 128>; };
 
 template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
@@ -50,7 +60,19 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 
 template <DType kDtype, int kHeadDim>
 void launch_bwd(const BwdParams& p, const BwdGrid& g) {
-  using T = typename BwdConfig<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  using E = typename ElementOf<kDtype>::type;
+#ifdef TILEATTN_CUDA_SM90A
+  using H = typename BwdConfigSm90<E, kHeadDim>::type;
+  if constexpr (!std::is_void_v<H>) {
+    if (g.sm90a && !g.deterministic) {
+      const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
+      launch_kernel(g.mods ? bwd_dkdv_kernel_sm90<H, true> : bwd_dkdv_kernel_sm90<H, false>, grid, H::kThreads,
+                    H::kSmemBytes, g.stream, p, "launching the backward dK/dV kernel");
+      return;
+    }
+  }
+#endif
+  using T = typename BwdConfig<E, kHeadDim>::type;
   if (g.mods)
     launch_bwd_traits<T, true>(p, g);
   else

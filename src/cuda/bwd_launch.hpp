@@ -14,6 +14,7 @@ struct BwdGrid {
   int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k;
   bool mods;           // softcap, ALiBi, dropout or a non-positive scale
   bool deterministic;  // dQ from its own kernel rather than atomics
+  bool sm90a;          // run the Hopper kernel (where built)
   cudaStream_t stream;
 };
 

@@ -1,0 +1,216 @@
+// The Hopper backward dK/dV kernel (sm_90a): the portable kernel's algorithm (bwd_kernel.cuh) on
+// warpgroup tensor cores, atomic dQ mode. One block per (key tile, sequence, KV head); each
+// warpgroup owns 64 keys of the tile and keeps their dK, dV accumulators in registers while the
+// query tiles of every head of the GQA group stream by (Q, dO, LSE, D double buffered):
+//   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
+//   is still in flight), dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from registers,
+//   and dQ += dS K, with dS^T through shared memory (the warpgroups split dQ's head dim), added
+//   into the fp32 dQ rows with 8-byte atomics.
+// Shared memory uses wgmma's 128-byte swizzled layouts; the transposed operands (dO^T, Q^T, K^T,
+// dS) are views read by the transposing (MN-major) operand modes, without copies.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/bwd_kernel.cuh"
+#include "cuda/cute_utils.cuh"
+
+namespace tileattn::cuda {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+struct BwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kWarpGroups = kBlockN / 64;
+  static constexpr int kThreads = kWarpGroups * 128;
+  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0);
+
+  using AlongKeys = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
+  using AlongD = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
+  // (N x M) = K Q^T and V dO^T.
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(), AlongKeys{}));
+  // (N x D) += P^T dO and dS^T Q, A from registers.
+  using MmaKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AlongKeys{}));
+  // (M x D) = dS K, both operands transposed views.
+  using MmaQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim / kWarpGroups>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AlongD{}));
+
+  using Atom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));  // Q, dO
+  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));     // K, V
+  using SmemLayoutdSt = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutdS =
+      decltype(composition(SmemLayoutdSt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));
+
+  static constexpr int kThreadsPerRow = 8;  // 64-element rows, 16 bytes a thread
+  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, _8>>{}));
+  using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
+  static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
+  // K, V; 2 x (Q, dO); dS^T; 2 x (LSE, D).
+  static constexpr int kSmemBytes =
+      (2 * kTileKV + 4 * kTileQ + kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
+};
+
+template <class T, bool kMods>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
+  extern __shared__ __align__(1024) char smem_bwd_sm90[];
+  const FwdParams& f = p.fwd;
+  const int n_block = blockIdx.x, b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
+  const BwdSeq s(p, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= s.sk) return;
+  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const int n1 = min(n0 + kBlockN, s.sk);
+  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  const int m_lo = row_lo / kBlockM;
+  const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
+  const int iters = tiles * f.group;
+
+  Element* base = reinterpret_cast<Element*>(smem_bwd_sm90);
+  Tensor sK = make_tensor(make_smem_ptr(base), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(base + T::kTileKV), typename T::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(base + 2 * T::kTileKV), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 2 * T::kTileQ), typename T::SmemLayoutQ{});
+  Tensor sdSt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ), typename T::SmemLayoutdSt{});
+  Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
+  float* rows_base = reinterpret_cast<float*>(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTileP);
+  auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
+  auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
+
+  const std::int64_t k_row0 = s.k_start + n0;
+  load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid);
+  auto load = [&](int h, int m0, int st) {
+    load_query_tile<T>(p, s, b, h, m0, sQ(_, _, st), sdO(_, _, st), sLse(st), sDsum(st), tid);
+  };
+  if (iters > 0) load(hk * f.group, m_lo * kBlockM, 0);
+  cp_async_fence();
+
+  typename T::MmaSdP mma_sdp;
+  typename T::MmaKV mma_kv;
+  typename T::MmaQ mma_q;
+  auto tsdp = mma_sdp.get_thread_slice(tid);
+  auto tkv = mma_kv.get_thread_slice(tid);
+  auto tq = mma_q.get_thread_slice(tid);
+  using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  // Operand descriptors, per stage where the operand has two.
+  Tensor dK_a = tsdp.partition_fragment_A(sK);
+  Tensor dV_a = tsdp.partition_fragment_A(sV);
+  Tensor dQ_b = tsdp.partition_fragment_B(sQ);
+  Tensor ddO_b = tsdp.partition_fragment_B(sdO);
+  Tensor ddOt_b = tkv.partition_fragment_B(sdOt);
+  Tensor dQt_b = tkv.partition_fragment_B(sQt);
+  Tensor ddS_a = tq.partition_fragment_A(sdS);
+  Tensor dKt_b = tq.partition_fragment_B(sKt);
+
+  Tensor acc_dk = partition_fragment_C(mma_kv, TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_kv, TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+  Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});
+  Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});
+  Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
+  Tensor cS = tsdp.partition_C(make_identity_tensor(TileS{}));
+  Tensor c = make_tensor(cS.data(), rowcol(cS.layout()));
+  auto st_ds = make_tiled_copy_C(typename T::StoreAtom{}, mma_sdp);
+  auto st_ds_thr = st_ds.get_thread_slice(tid);
+  Tensor sdSt_st = st_ds_thr.partition_D(sdSt);
+
+  const int m_end = (m_lo + tiles) * kBlockM;
+  for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
+    const int st = t & 1;
+    const bool head_done = m0 + kBlockM == m_end;
+    const int h_next = head_done ? h + 1 : h, m0_next = head_done ? m_lo * kBlockM : m0 + kBlockM;
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warpgroup is done with the last tile
+    if (t + 1 < iters) {
+      load(h_next, m0_next, st ^ 1);
+      cp_async_fence();
+    }
+    const BwdHead hd(f, b, h);
+    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
+
+    gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
+    gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
+    TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
+    Tensor dsc = make_tensor<float>(shape(s_rc));
+    warpgroup_wait<1>();  // S^T is done; dP^T runs on
+    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, cols);
+    warpgroup_wait<0>();
+    dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, cols);
+
+    Tensor rPt = convert<Element>(acc_s);
+    Tensor rdSt = convert<Element>(acc_dp);
+    gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+    gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
+    copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();  // dS^T is in shared memory
+
+    Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
+    gemm_wg<true>(mma_q, ddS_a, dKt_b, acc_dq);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
+    warpgroup_fence_operand(rdSt);
+
+    // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base plus
+    // a constant.
+    float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
+    Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
+    if (m0 + kBlockM <= s.sq) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+    } else {
+      Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2)
+        if (get<0>(cQ(i)) < s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+    }
+    h = h_next;
+    m0 = m0_next;
+  }
+
+  // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
+  // no iteration: its K and V copies may still be in flight.
+  cp_async_wait<0>();
+  __syncthreads();
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
+  const float dk_scale = ds_scale(f);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
+  store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tid);
+  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
+#endif
+}
+
+}  // namespace tileattn::cuda
