@@ -1,20 +1,28 @@
 // Flash-decoding on tensor cores: the query rows of a KV head (GQA heads x query rows, up to 16)
 // form one 16-row tile and both products run as mma.sync m16n8k16, so the per-key arithmetic that
 // a CUDA-core kernel repeats for every row shrinks to a few instructions per warp; padding rows
-// cost nothing that matters next to the cache reads. Each warp takes
-// every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
-// (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end.
+// cost nothing that matters next to the cache reads. Each warp streams tiles of 16 keys through
+// a private cp.async ring (swizzled so the ldmatrix reads are conflict-free); warps merge their
+// states at the end, and with splits the last block of a KV head merges the splits.
+//
+// Which tiles a warp takes: with fixed tiles (deterministic, or one split), every WARPS-th tile of
+// its split's key range. Otherwise the splits of a (batch, row chunk, KV head) share the sequence:
+// the first kFixedTiles tiles of each of their warps are fixed, and every later tile is claimed
+// from a counter, so that blocks on SMs that stream faster take more. Measured on an H100 with
+// fixed ranges, the same work took 31 to 43 us per block, and the call waits for the slowest.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
 #include "common/mask.hpp"
 #include "common/score_mod.hpp"
 #include "cuda/decode/common.cuh"
+#include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
@@ -24,6 +32,7 @@ struct GqaMmaShape {
   static constexpr int kRows = 16;   // query rows of a block: one mma tile
   static constexpr int kKeys = 16;   // keys per warp step
   static constexpr int kStages = 3;
+  static constexpr int kFixedTiles = 4;  // per warp, before claiming from the counter
   static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
   static constexpr std::size_t kRingBytes = WARPS * kStages * kStageBytes;
   static constexpr std::size_t kMergeBytes = (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float);
@@ -82,7 +91,6 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   constexpr int LOADS = KEYS * CH / 32;       // chunks each lane copies per tile (K and V each)
   const float kNegInf = -CUDART_INF_F;
 
-  allow_dependent_launch();
   const int group = p.heads_q / p.heads_kv;
   const int rows_total = p.seqlen_q * group;
   const BlockAt blk = block_at(p, (rows_total + ROWS - 1) / ROWS);
@@ -92,8 +100,9 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 
   const int sk = seq_keys(p, b);
   const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
-  const int kbeg = split * p.keys_per_split;
-  const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));
+  const bool claims = p.tile_counters != nullptr;
+  const int kbeg = claims ? 0 : split * p.keys_per_split;
+  const int kend = claims ? sk : max(kbeg, min(sk, kbeg + p.keys_per_split));
 
   // This thread's two fragment rows, gi and gi + 8 of the block's 16.
   int row_i[2];
@@ -129,28 +138,34 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw) + warp * STAGES * 2 * KEYS * D;
-  const int blocks = (hi - lo + KEYS - 1) / KEYS;
-  const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
-  auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
+  const int tiles = (hi - lo + KEYS - 1) / KEYS;
+  // The k-th tile this warp issues: k * streams + stream while k < fixed, then claimed. Tile ids
+  // only grow along a warp's sequence, so the first one past the end ends it.
+  const int streams = claims ? p.splits * WARPS : WARPS, stream = claims ? split * WARPS + warp : warp;
+  const int fixed = claims ? Shape::kFixedTiles : INT_MAX;
+  int* const counter = claims ? p.tile_counters + blockIdx.x : nullptr;
+  int t_issue = stream, t_next = stream + streams;  // tiles of the next two issues
+  int claim = 0;  // lane 0: the counter value claimed for the issue after those two
 
   // Lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy; the
   // lanes copying that key's chunks take its location by shuffle when they issue the copy, so the
   // read's latency hides behind a whole iteration instead of stalling the warp.
   int entry = 0;
-  auto fetch = [&](int it) {
-    const int j = key0(it) + lane % KEYS;
+  auto fetch = [&](int t) {
+    const int j = lo + t * KEYS + lane % KEYS;
     entry = page_entry(p, b, j < hi ? j : lo);
   };
-  auto issue = [&](int it) {
-    if (it < iters) {
-      T* tile = ring + (it % STAGES) * 2 * KEYS * D;
-      const int jm = key0(it) + lane % KEYS;
+  // Issues the k-th tile (an empty group past the end keeps the wait count uniform); returns its id.
+  auto issue = [&](int k) {
+    const int t = t_issue;
+    if (t < tiles) {
+      T* tile = ring + (k % STAGES) * 2 * KEYS * D;
+      const int jm = lo + t * KEYS + lane % KEYS;
       const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
-      if (it + 1 < iters) fetch(it + 1);
 #pragma unroll
-      for (int t = 0; t < LOADS; ++t) {
-        const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
-        const bool in = key0(it) + n < hi;
+      for (int u = 0; u < LOADS; ++u) {
+        const int n = (lane + 32 * u) / CH, c = (lane + 32 * u) % CH;
+        const bool in = lo + t * KEYS + n < hi;
         const KeyLoc at{__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
         const T* kp = static_cast<const T*>(p.k) + at.page * p.k_b + at.row * p.k_s + g * p.k_h + c * 8;
         const T* vp = static_cast<const T*>(p.v) + at.page * p.v_b + at.row * p.v_s + g * p.v_h + c * 8;
@@ -159,17 +174,27 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
       }
     }
     cp_async_commit();
+    if (t_next < tiles) fetch(t_next);
+    // Tile k + 2: fixed, or the claim made one issue ago (its latency hidden behind an iteration).
+    const int t2 = t_next >= tiles ? tiles : k + 2 < fixed ? (k + 2) * streams + stream
+                                                           : fixed * streams + __shfl_sync(0xffffffffu, claim, 0);
+    if (k + 3 >= fixed && t2 < tiles) {
+      if (k + 3 == fixed) wait_for_primary();  // the counters' clearing has finished
+      if (lane == 0) claim = atomicAdd(counter, 1);
+    }
+    t_issue = t_next;
+    t_next = t2;
+    return t;
   };
-  if (iters > 0) fetch(0);
-#pragma unroll
-  for (int it = 0; it < STAGES - 1; ++it) issue(it);
+  if (t_issue < tiles) fetch(t_issue);
+  int t0 = issue(0), t1 = issue(1);  // STAGES - 1 tiles in flight; t0 is computed next
 
   float o[D / 8][4] = {};
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
-  for (int it = 0; it < iters; ++it) {
+  for (int it = 0; t0 < tiles; ++it) {
     cp_async_wait<STAGES - 2>();
-    __syncwarp();              // every lane's chunks of this tile have landed
-    issue(it + STAGES - 1);    // into the tile all lanes finished reading last iteration
+    __syncwarp();                         // every lane's chunks of this tile have landed
+    const int t2 = issue(it + STAGES - 1);  // into the tile all lanes finished reading last iteration
     const T* kt = ring + (it % STAGES) * 2 * KEYS * D;
     const T* vt = kt + KEYS * D;
 
@@ -184,7 +209,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     }
 
     // Scores, mask and the online softmax; fragment (nt, e): row gi + 8 (e / 2), key nt*8 + 2ti + e%2.
-    const int j0 = key0(it);
+    const int j0 = lo + t0 * KEYS;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float mx = kNegInf;
@@ -229,6 +254,8 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
       mma16816<T>(o[nd], pa, vb[0], vb[1]);
       mma16816<T>(o[nd + 1], pa, vb[2], vb[3]);
     }
+    t0 = t1;
+    t1 = t2;
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings become the merge scratch
@@ -243,6 +270,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int r = gi + 8 * hr;
+    if (chunk * ROWS + r >= rows_total) continue;  // padding rows: nothing reads them
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
@@ -255,6 +283,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   }
   __syncthreads();
   merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 16>(p, b, g, chunk);
 }
 
 }  // namespace tileattn::cuda::decoding
