@@ -115,6 +115,8 @@ struct Layout {
   std::size_t out_partial, lse_partial, q_rot, counters, total;  // byte offsets and size
 };
 
+std::size_t counter_count(const Layout& w) { return static_cast<std::size_t>(w.groups) * (1 + w.splits); }
+
 Layout layout(const Problem& p, const Options& o) {
   Layout w{};
   w.splits = choose_splits(p, o);
@@ -129,8 +131,8 @@ Layout layout(const Problem& p, const Options& o) {
   if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
-  w.counters = at;  // arrivals, then tile counters
-  if (w.splits > 1) at += align(2 * static_cast<std::size_t>(w.groups) * sizeof(int));
+  w.counters = at;  // arrivals [groups], then tile counters [groups][splits]
+  if (w.splits > 1) at += align(counter_count(w) * sizeof(int));
   w.total = at;
   return w;
 }
@@ -150,7 +152,7 @@ void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w
   cfg.attrs = &attr;
   cfg.numAttrs = 0;
   if (w.splits > 1) {
-    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, 2 * w.groups);
+    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, static_cast<int>(counter_count(w)));
     check_launch("decode counters");
     cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
   }

@@ -6,10 +6,11 @@
 // states at the end, and with splits the last block of a KV head merges the splits.
 //
 // Which tiles a warp takes: with fixed tiles (deterministic, or one split), every WARPS-th tile of
-// its split's key range. Otherwise the splits of a (batch, row chunk, KV head) share the sequence:
-// the first kFixedTiles tiles of each of their warps are fixed, and every later tile is claimed
-// from a counter, so that blocks on SMs that stream faster take more. Measured on an H100 with
-// fixed ranges, the same work took 31 to 43 us per block, and the call waits for the slowest.
+// its split's key range. Otherwise each split still starts on its own stretch of the sequence,
+// but claims tiles past its first kFixedTiles per warp from that stretch's counter, and then from
+// the other splits' stretches, so that blocks on SMs that stream faster take more. Measured on an
+// H100 with fixed ranges, blocks of equal work took 31 to 43 us (1x32k) and 130 to 176 us
+// (1x131k), and the call waits for the slowest.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -139,13 +140,54 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw) + warp * STAGES * 2 * KEYS * D;
   const int tiles = (hi - lo + KEYS - 1) / KEYS;
-  // The k-th tile this warp issues: k * streams + stream while k < fixed, then claimed. Tile ids
-  // only grow along a warp's sequence, so the first one past the end ends it.
-  const int streams = claims ? p.splits * WARPS : WARPS, stream = claims ? split * WARPS + warp : warp;
+  // The tiles this warp streams (ids in [0, tiles); `tiles` ends the sequence). Each split owns a
+  // stretch of `per` tiles (all of them when tiles are fixed) and its warp w takes local tiles
+  // w, w + WARPS, ...: the first kFixedTiles fixed, the rest claimed from the stretch's counter.
+  // A warp whose stretch has run dry claims from the following splits' stretches, so the splits
+  // keep their own parts of the cache until the end, where the faster blocks take over.
+  const int per = claims ? (tiles + p.splits - 1) / p.splits : tiles;
+  const int home = claims ? split : 0;
+  auto stretch = [&](int s) { return min(tiles, (s + 1) * per) - s * per; };  // may be <= 0
+  int* const counters = claims ? p.tile_counters + blockIdx.x * p.splits : nullptr;
   const int fixed = claims ? Shape::kFixedTiles : INT_MAX;
-  int* const counter = claims ? p.tile_counters + blockIdx.x : nullptr;
-  int t_issue = stream, t_next = stream + streams;  // tiles of the next two issues
-  int claim = 0;  // lane 0: the counter value claimed for the issue after those two
+  int fixed_k = 0, from = home, claim = 0;  // claim: lane 0's claimed index on stretch `from`
+  bool pending = false, done = false, waited = false;
+  auto claim_on = [&](int s) {
+    if (!waited) wait_for_primary();  // the counters' clearing has finished
+    waited = true;
+    if (lane == 0) claim = atomicAdd(counters + s, 1);
+  };
+  auto next_tile = [&]() {
+    if (done) return tiles;
+    if (fixed_k < fixed) {
+      const int local = fixed_k++ * WARPS + warp;
+      if (local < stretch(home)) return home * per + local;
+      if (!claims) {
+        done = true;
+        return tiles;
+      }
+      fixed_k = fixed;
+    }
+    for (;;) {  // a claim made ahead, else one made now (its latency then stalls the warp)
+      if (!pending) claim_on(from);
+      pending = false;
+      const int local = fixed * WARPS + __shfl_sync(0xffffffffu, claim, 0);
+      if (local < stretch(from)) return from * per + local;
+      from = from + 1 == p.splits ? 0 : from + 1;
+      if (from == home) {
+        done = true;
+        return tiles;
+      }
+    }
+  };
+  // Once the fixed tiles are spent, the claim for the tile after next is made one issue ahead.
+  auto claim_ahead = [&] {
+    if (claims && !done && !pending && fixed_k >= fixed) {
+      claim_on(from);
+      pending = true;
+    }
+  };
+  int t_issue = next_tile(), t_next = next_tile();  // tiles of the next two issues
 
   // Lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy; the
   // lanes copying that key's chunks take its location by shuffle when they issue the copy, so the
@@ -175,17 +217,13 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     }
     cp_async_commit();
     if (t_next < tiles) fetch(t_next);
-    // Tile k + 2: fixed, or the claim made one issue ago (its latency hidden behind an iteration).
-    const int t2 = t_next >= tiles ? tiles : k + 2 < fixed ? (k + 2) * streams + stream
-                                                           : fixed * streams + __shfl_sync(0xffffffffu, claim, 0);
-    if (k + 3 >= fixed && t2 < tiles) {
-      if (k + 3 == fixed) wait_for_primary();  // the counters' clearing has finished
-      if (lane == 0) claim = atomicAdd(counter, 1);
-    }
+    const int t2 = next_tile();
+    claim_ahead();
     t_issue = t_next;
     t_next = t2;
     return t;
   };
+  claim_ahead();
   if (t_issue < tiles) fetch(t_issue);
   int t0 = issue(0), t1 = issue(1);  // STAGES - 1 tiles in flight; t0 is computed next
 
