@@ -30,9 +30,7 @@ struct Options {
   float dropout_p = 0.f;                      // probability of dropping; kept values scaled by 1/(1-p)
   std::uint64_t seed = 0;                     // dropout: Philox key
   std::uint64_t offset = 0;                   // dropout: Philox counter offset
-  // backward: bitwise reproducible gradients. decode (cuda): fixed key ranges per split block;
-  // otherwise blocks on faster SMs claim more of the keys, so the fp32 sums (a few ulps) depend on timing.
-  bool deterministic = false;
+  bool deterministic = false;                 // backward: bitwise reproducible gradients
   Backend backend = Backend::automatic;
   int num_splits = 0;                         // decode: KV splits; 0 = heuristic, 1 = no split
   // decode: copy device-resident cache_seqlens and page_table to the host and check them before

@@ -28,9 +28,8 @@ struct Params {
   std::int64_t l_b, l_h, l_i;
   float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
   float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
-  // splits > 1: per blockIdx.x, zeroed by the kernel launched just before the split kernel.
-  int* arrivals;       // split blocks finished (the last one merges the partials)
-  int* tile_counters;  // [blockIdx.x][split]: tiles claimed from each split's stretch; null: all fixed (gqa_mma)
+  int* arrivals;  // splits > 1: split blocks finished per blockIdx.x (the last one merges the partials),
+                  // zeroed by the kernel launched just before the split kernel
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;

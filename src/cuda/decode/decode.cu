@@ -112,10 +112,8 @@ int choose_splits(const Problem& p, const Options& o) {
 struct Layout {
   int splits;
   int groups;  // blocks per split: (batch, row chunk, KV head)
-  std::size_t out_partial, lse_partial, q_rot, counters, total;  // byte offsets and size
+  std::size_t out_partial, lse_partial, q_rot, arrivals, total;  // byte offsets and size
 };
-
-std::size_t counter_count(const Layout& w) { return static_cast<std::size_t>(w.groups) * (1 + w.splits); }
 
 Layout layout(const Problem& p, const Options& o) {
   Layout w{};
@@ -131,15 +129,15 @@ Layout layout(const Problem& p, const Options& o) {
   if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
-  w.counters = at;  // arrivals [groups], then tile counters [groups][splits]
-  if (w.splits > 1) at += align(counter_count(w) * sizeof(int));
+  w.arrivals = at;
+  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(int));
   w.total = at;
   return w;
 }
 
-// The split kernel; with splits, after the kernel that zeroes its counters, as that kernel's
-// programmatic dependent where the device has them (its blocks start while the counters are
-// cleared and wait for them on the device).
+// The split kernel; with splits, after the kernel that zeroes its arrival counters, as that
+// kernel's programmatic dependent where the device has them (its blocks start while the counters
+// are cleared and wait for them on the device only before counting their own arrival).
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -152,7 +150,7 @@ void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w
   cfg.attrs = &attr;
   cfg.numAttrs = 0;
   if (w.splits > 1) {
-    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, static_cast<int>(counter_count(w)));
+    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, w.groups);
     check_launch("decode counters");
     cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
   }
@@ -220,13 +218,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   }
   prm.out_partial = reinterpret_cast<float*>(ws + w.out_partial);
   prm.lse_partial = reinterpret_cast<float*>(ws + w.lse_partial);
-  const Kernel k = select_kernel(p);
-  if (w.splits > 1) {
-    prm.arrivals = reinterpret_cast<int*>(ws + w.counters);
-    // Claimed tiles: the tensor-core kernel only, and only where the caller allows results that
-    // depend on which block claimed which tile (a few ulps of the fp32 sums).
-    if (padded_dim(p) <= 128 && !a.options.deterministic) prm.tile_counters = prm.arrivals + w.groups;
-  }
+  if (w.splits > 1) prm.arrivals = reinterpret_cast<int*>(ws + w.arrivals);
   if (p.has_alibi) {
     prm.alibi = a.alibi_slopes.ptr<const float>();
     prm.alibi_b = p.alibi_per_batch ? a.alibi_slopes.stride[0] : 0;
@@ -241,7 +233,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
 
   const dim3 grid(w.groups, 1, w.splits);  // see decoding::block_at
   if (grid.x == 0) return;
-  launch_split(k, grid, prm, w, s);
+  launch_split(select_kernel(p), grid, prm, w, s);
 }
 
 }  // namespace

@@ -1,22 +1,15 @@
 // Flash-decoding on tensor cores: the query rows of a KV head (GQA heads x query rows, up to 16)
 // form one 16-row tile and both products run as mma.sync m16n8k16, so the per-key arithmetic that
 // a CUDA-core kernel repeats for every row shrinks to a few instructions per warp; padding rows
-// cost nothing that matters next to the cache reads. Each warp streams tiles of 16 keys through
-// a private cp.async ring (swizzled so the ldmatrix reads are conflict-free); warps merge their
-// states at the end, and with splits the last block of a KV head merges the splits.
-//
-// Which tiles a warp takes: with fixed tiles (deterministic, or one split), every WARPS-th tile of
-// its split's key range. Otherwise each split still starts on its own stretch of the sequence,
-// but claims tiles past its first kFixedTiles per warp from that stretch's counter, and then from
-// the other splits' stretches, so that blocks on SMs that stream faster take more. Measured on an
-// H100 with fixed ranges, blocks of equal work took 31 to 43 us (1x32k) and 130 to 176 us
-// (1x131k), and the call waits for the slowest.
+// cost nothing that matters next to the cache reads. Each warp takes
+// every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
+// (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end, and
+// with splits the last block of a KV head to finish merges the splits (split_merge.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -33,7 +26,6 @@ struct GqaMmaShape {
   static constexpr int kRows = 16;   // query rows of a block: one mma tile
   static constexpr int kKeys = 16;   // keys per warp step
   static constexpr int kStages = 3;
-  static constexpr int kFixedTiles = 4;  // per warp, before claiming from the counter
   static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
   static constexpr std::size_t kRingBytes = WARPS * kStages * kStageBytes;
   static constexpr std::size_t kMergeBytes = (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float);
@@ -101,9 +93,8 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 
   const int sk = seq_keys(p, b);
   const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
-  const bool claims = p.tile_counters != nullptr;
-  const int kbeg = claims ? 0 : split * p.keys_per_split;
-  const int kend = claims ? sk : max(kbeg, min(sk, kbeg + p.keys_per_split));
+  const int kbeg = split * p.keys_per_split;
+  const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));
 
   // This thread's two fragment rows, gi and gi + 8 of the block's 16.
   int row_i[2];
@@ -139,75 +130,28 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw) + warp * STAGES * 2 * KEYS * D;
-  const int tiles = (hi - lo + KEYS - 1) / KEYS;
-  // The tiles this warp streams (ids in [0, tiles); `tiles` ends the sequence). Each split owns a
-  // stretch of `per` tiles (all of them when tiles are fixed) and its warp w takes local tiles
-  // w, w + WARPS, ...: the first kFixedTiles fixed, the rest claimed from the stretch's counter.
-  // A warp whose stretch has run dry claims from the following splits' stretches, so the splits
-  // keep their own parts of the cache until the end, where the faster blocks take over.
-  const int per = claims ? (tiles + p.splits - 1) / p.splits : tiles;
-  const int home = claims ? split : 0;
-  auto stretch = [&](int s) { return min(tiles, (s + 1) * per) - s * per; };  // may be <= 0
-  int* const counters = claims ? p.tile_counters + blockIdx.x * p.splits : nullptr;
-  const int fixed = claims ? Shape::kFixedTiles : INT_MAX;
-  int fixed_k = 0, from = home, claim = 0;  // claim: lane 0's claimed index on stretch `from`
-  bool pending = false, done = false, waited = false;
-  auto claim_on = [&](int s) {
-    if (!waited) wait_for_primary();  // the counters' clearing has finished
-    waited = true;
-    if (lane == 0) claim = atomicAdd(counters + s, 1);
-  };
-  auto next_tile = [&]() {
-    if (done) return tiles;
-    if (fixed_k < fixed) {
-      const int local = fixed_k++ * WARPS + warp;
-      if (local < stretch(home)) return home * per + local;
-      if (!claims) {
-        done = true;
-        return tiles;
-      }
-      fixed_k = fixed;
-    }
-    for (;;) {  // a claim made ahead, else one made now (its latency then stalls the warp)
-      if (!pending) claim_on(from);
-      pending = false;
-      const int local = fixed * WARPS + __shfl_sync(0xffffffffu, claim, 0);
-      if (local < stretch(from)) return from * per + local;
-      from = from + 1 == p.splits ? 0 : from + 1;
-      if (from == home) {
-        done = true;
-        return tiles;
-      }
-    }
-  };
-  // Once the fixed tiles are spent, the claim for the tile after next is made one issue ahead.
-  auto claim_ahead = [&] {
-    if (claims && !done && !pending && fixed_k >= fixed) {
-      claim_on(from);
-      pending = true;
-    }
-  };
-  int t_issue = next_tile(), t_next = next_tile();  // tiles of the next two issues
+  const int blocks = (hi - lo + KEYS - 1) / KEYS;
+  const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
+  auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
 
   // Lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy; the
   // lanes copying that key's chunks take its location by shuffle when they issue the copy, so the
   // read's latency hides behind a whole iteration instead of stalling the warp.
   int entry = 0;
-  auto fetch = [&](int t) {
-    const int j = lo + t * KEYS + lane % KEYS;
+  auto fetch = [&](int it) {
+    const int j = key0(it) + lane % KEYS;
     entry = page_entry(p, b, j < hi ? j : lo);
   };
-  // Issues the k-th tile (an empty group past the end keeps the wait count uniform); returns its id.
-  auto issue = [&](int k) {
-    const int t = t_issue;
-    if (t < tiles) {
-      T* tile = ring + (k % STAGES) * 2 * KEYS * D;
-      const int jm = lo + t * KEYS + lane % KEYS;
+  auto issue = [&](int it) {
+    if (it < iters) {
+      T* tile = ring + (it % STAGES) * 2 * KEYS * D;
+      const int jm = key0(it) + lane % KEYS;
       const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
+      if (it + 1 < iters) fetch(it + 1);
 #pragma unroll
-      for (int u = 0; u < LOADS; ++u) {
-        const int n = (lane + 32 * u) / CH, c = (lane + 32 * u) % CH;
-        const bool in = lo + t * KEYS + n < hi;
+      for (int t = 0; t < LOADS; ++t) {
+        const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
+        const bool in = key0(it) + n < hi;
         const KeyLoc at{__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
         const T* kp = static_cast<const T*>(p.k) + at.page * p.k_b + at.row * p.k_s + g * p.k_h + c * 8;
         const T* vp = static_cast<const T*>(p.v) + at.page * p.v_b + at.row * p.v_s + g * p.v_h + c * 8;
@@ -216,23 +160,17 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
       }
     }
     cp_async_commit();
-    if (t_next < tiles) fetch(t_next);
-    const int t2 = next_tile();
-    claim_ahead();
-    t_issue = t_next;
-    t_next = t2;
-    return t;
   };
-  claim_ahead();
-  if (t_issue < tiles) fetch(t_issue);
-  int t0 = issue(0), t1 = issue(1);  // STAGES - 1 tiles in flight; t0 is computed next
+  if (iters > 0) fetch(0);
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) issue(it);
 
   float o[D / 8][4] = {};
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
-  for (int it = 0; t0 < tiles; ++it) {
+  for (int it = 0; it < iters; ++it) {
     cp_async_wait<STAGES - 2>();
-    __syncwarp();                         // every lane's chunks of this tile have landed
-    const int t2 = issue(it + STAGES - 1);  // into the tile all lanes finished reading last iteration
+    __syncwarp();              // every lane's chunks of this tile have landed
+    issue(it + STAGES - 1);    // into the tile all lanes finished reading last iteration
     const T* kt = ring + (it % STAGES) * 2 * KEYS * D;
     const T* vt = kt + KEYS * D;
 
@@ -247,7 +185,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     }
 
     // Scores, mask and the online softmax; fragment (nt, e): row gi + 8 (e / 2), key nt*8 + 2ti + e%2.
-    const int j0 = lo + t0 * KEYS;
+    const int j0 = key0(it);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float mx = kNegInf;
@@ -292,8 +230,6 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
       mma16816<T>(o[nd], pa, vb[0], vb[1]);
       mma16816<T>(o[nd + 1], pa, vb[2], vb[3]);
     }
-    t0 = t1;
-    t1 = t2;
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings become the merge scratch

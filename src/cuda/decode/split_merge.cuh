@@ -13,9 +13,9 @@
 
 namespace tileattn::cuda::decoding {
 
-// Zeroes a call's arrival and tile counters. Launched right before the split kernel, which starts
-// as its programmatic dependent and waits for it only at its first counter access, so the
-// clearing overlaps the split kernel's first copies.
+// Zeroes a call's arrival counters. Launched right before the split kernel, which starts as its
+// programmatic dependent and waits for it only before counting its own arrival, so the clearing
+// overlaps the split kernel's work.
 __global__ void clear_counters(int* counters, int n) {
   allow_dependent_launch();
   for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
