@@ -1,7 +1,8 @@
-// Merges split partials by their log-sum-exp: one block per output row. Its cost is latency, not
-// bandwidth (a few kilobytes per row, just written to L2 by the split kernel), so every read is
-// independent of the others: the splits' LSEs in parallel across the block, then each column's
-// partials in an unrolled loop, rather than a chain of dependent loads per split.
+// The public combine: merges caller-provided split partials by their log-sum-exp, one block per
+// output row (decode merges its own splits inside the split kernel: split_merge.cuh). Its cost is
+// latency, not bandwidth (a few kilobytes per row), so every read is independent of the others:
+// the splits' LSEs in parallel across the block, then each column's partials in an unrolled loop,
+// rather than a chain of dependent loads per split.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   const int h = row % p.heads, i = row / p.heads % p.seqlen_q, b = row / p.heads / p.seqlen_q;
   const float* lp = p.lse_partial + b * p.lp_b + h * p.lp_h + i * p.lp_i;
   const float* op = p.out_partial + b * p.op_b + i * p.op_i + h * p.op_h;
-  wait_for_primary();  // the partials are the split kernel's output
 
   float m = kNegInf;
   for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, lp[s * p.lp_s]);

@@ -28,6 +28,8 @@ struct Params {
   std::int64_t l_b, l_h, l_i;
   float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
   float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
+  int* arrivals;  // splits > 1: split blocks finished per blockIdx.x (the last one merges the partials),
+                  // zeroed by the kernel launched just before the split kernel
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
@@ -73,9 +75,9 @@ __device__ __forceinline__ BlockAt block_at(const Params& p, int chunks) {
   return {bc / chunks, bc % chunks, g, static_cast<int>(blockIdx.z)};
 }
 
-// Programmatic dependent launch (sm_90+): the split kernel lets the combine kernel start early,
-// and the combine waits for the split kernel's results. Both are no-ops without the launch
-// attribute and on older GPUs.
+// Programmatic dependent launch (sm_90+): the counter-clearing kernel lets the split kernel
+// start early, and the split kernel waits for the cleared counters only before it first touches
+// them. Both are no-ops without the launch attribute and on older GPUs.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -1,5 +1,6 @@
-// Host side of GPU decoding: append (+ rotary), the split-KV pass, and the LSE combine, all
-// stream-ordered with no host synchronization, so the call can be captured in a CUDA graph.
+// Host side of GPU decoding: append (+ rotary) and the split-KV pass (whose last block per KV
+// head merges the splits), all stream-ordered with no host synchronization, so the call can be
+// captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -110,12 +111,15 @@ int choose_splits(const Problem& p, const Options& o) {
 
 struct Layout {
   int splits;
-  std::size_t out_partial, lse_partial, q_rot, total;  // byte offsets and size
+  int groups;  // blocks per split: (batch, row chunk, KV head)
+  std::size_t out_partial, lse_partial, q_rot, arrivals, total;  // byte offsets and size
 };
 
 Layout layout(const Problem& p, const Options& o) {
   Layout w{};
   w.splits = choose_splits(p, o);
+  const int chunk_rows = select_kernel(p).rows;
+  w.groups = p.batch * ((p.seqlen_q * p.group() + chunk_rows - 1) / chunk_rows) * p.heads_kv;
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads_q;
   auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
   std::size_t at = 0;
@@ -125,24 +129,32 @@ Layout layout(const Problem& p, const Options& o) {
   if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
+  w.arrivals = at;
+  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(int));
   w.total = at;
   return w;
 }
 
-// The combine kernel, with dependent: launched while the split kernel still runs (its blocks wait
-// on the device for the partials), which takes the launch latency off the end of the call.
-template <class T>
-void launch_combine(const CombineParams& cp, unsigned rows, cudaStream_t s, bool dependent) {
+// The split kernel; with splits, after the kernel that zeroes its arrival counters, as that
+// kernel's programmatic dependent where the device has them (its blocks start while the counters
+// are cleared and wait for them on the device only before counting their own arrival).
+void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(rows);
-  cfg.blockDim = dim3(decoding::kCombineThreads);
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(k.threads);
+  cfg.dynamicSmemBytes = k.smem;
   cfg.stream = s;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  check(cudaLaunchKernelEx(&cfg, decoding::combine_kernel<T>, cp), "decode combine launch");
+  cfg.numAttrs = 0;
+  if (w.splits > 1) {
+    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, w.groups);
+    check_launch("decode counters");
+    cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
+  }
+  check(cudaLaunchKernelEx(&cfg, k.fn, prm), "decode split-kv launch");
 }
 
 template <class T>
@@ -206,6 +218,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   }
   prm.out_partial = reinterpret_cast<float*>(ws + w.out_partial);
   prm.lse_partial = reinterpret_cast<float*>(ws + w.lse_partial);
+  if (w.splits > 1) prm.arrivals = reinterpret_cast<int*>(ws + w.arrivals);
   if (p.has_alibi) {
     prm.alibi = a.alibi_slopes.ptr<const float>();
     prm.alibi_b = p.alibi_per_batch ? a.alibi_slopes.stride[0] : 0;
@@ -218,27 +231,9 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
 
-  const Kernel k = select_kernel(p);
-  const int chunks = (p.seqlen_q * p.group() + k.rows - 1) / k.rows;
-  const dim3 grid(p.batch * chunks * p.heads_kv, 1, w.splits);  // see decoding::block_at
+  const dim3 grid(w.groups, 1, w.splits);  // see decoding::block_at
   if (grid.x == 0) return;
-  k.fn<<<grid, k.threads, k.smem, s>>>(prm);
-  check_launch("decode split-kv");
-
-  if (w.splits > 1) {
-    const std::int64_t rows_all = static_cast<std::int64_t>(p.batch) * p.seqlen_q * p.heads_q;
-    CombineParams cp{};
-    cp.out_partial = prm.out_partial;
-    cp.op_s = rows_all * p.hdim_v, cp.op_b = static_cast<std::int64_t>(p.seqlen_q) * p.heads_q * p.hdim_v;
-    cp.op_i = static_cast<std::int64_t>(p.heads_q) * p.hdim_v, cp.op_h = p.hdim_v;
-    cp.lse_partial = prm.lse_partial;
-    cp.lp_s = rows_all, cp.lp_b = static_cast<std::int64_t>(p.heads_q) * p.seqlen_q, cp.lp_h = p.seqlen_q, cp.lp_i = 1;
-    cp.out = prm.out, cp.o_b = prm.o_b, cp.o_i = prm.o_i, cp.o_h = prm.o_h;
-    cp.lse = prm.lse, cp.l_b = prm.l_b, cp.l_h = prm.l_h, cp.l_i = prm.l_i;
-    cp.splits = w.splits, cp.seqlen_q = p.seqlen_q, cp.heads = p.heads_q, cp.hdim_v = p.hdim_v;
-    launch_combine<T>(cp, static_cast<unsigned>(rows_all), s, device_has_dependent_launch());
-    check_launch("decode combine");
-  }
+  launch_split(select_kernel(p), grid, prm, w, s);
 }
 
 }  // namespace
@@ -275,11 +270,11 @@ void combine(const Problem& p, const CombineArgs& a) {
   const unsigned rows = static_cast<unsigned>(p.batch * p.seqlen_q * p.heads_q);
   if (rows == 0) return;
   if (p.dtype == DType::f16)
-    launch_combine<__half>(cp, rows, s, false);
+    decoding::combine_kernel<__half><<<rows, decoding::kCombineThreads, 0, s>>>(cp);
   else if (p.dtype == DType::bf16)
-    launch_combine<__nv_bfloat16>(cp, rows, s, false);
+    decoding::combine_kernel<__nv_bfloat16><<<rows, decoding::kCombineThreads, 0, s>>>(cp);
   else
-    launch_combine<float>(cp, rows, s, false);
+    decoding::combine_kernel<float><<<rows, decoding::kCombineThreads, 0, s>>>(cp);
   check_launch("combine");
 }
 

@@ -3,7 +3,8 @@
 // a CUDA-core kernel repeats for every row shrinks to a few instructions per warp; padding rows
 // cost nothing that matters next to the cache reads. Each warp takes
 // every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
-// (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end.
+// (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end, and
+// with splits the last block of a KV head to finish merges the splits (split_merge.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +16,7 @@
 #include "common/mask.hpp"
 #include "common/score_mod.hpp"
 #include "cuda/decode/common.cuh"
+#include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
@@ -82,7 +84,6 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   constexpr int LOADS = KEYS * CH / 32;       // chunks each lane copies per tile (K and V each)
   const float kNegInf = -CUDART_INF_F;
 
-  allow_dependent_launch();
   const int group = p.heads_q / p.heads_kv;
   const int rows_total = p.seqlen_q * group;
   const BlockAt blk = block_at(p, (rows_total + ROWS - 1) / ROWS);
@@ -243,6 +244,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int r = gi + 8 * hr;
+    if (chunk * ROWS + r >= rows_total) continue;  // padding rows: nothing reads them
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
@@ -255,6 +257,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   }
   __syncthreads();
   merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 16>(p, b, g, chunk);
 }
 
 }  // namespace tileattn::cuda::decoding

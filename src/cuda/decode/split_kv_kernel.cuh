@@ -17,6 +17,7 @@
 #include "common/mask.hpp"
 #include "common/score_mod.hpp"
 #include "cuda/decode/common.cuh"
+#include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
@@ -42,7 +43,6 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   constexpr int KS = Shape::kStageKeys, STAGES = Shape::kStages;
   const float kNegInf = -CUDART_INF_F;
 
-  allow_dependent_launch();
   const int group = p.heads_q / p.heads_kv;
   const int rows_total = p.seqlen_q * group;
   const BlockAt blk = block_at(p, (rows_total + ROWS - 1) / ROWS);
@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   __syncthreads();
 
   merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 8>(p, b, g, chunk);
 }
 
 }  // namespace tileattn::cuda::decoding
