@@ -1,11 +1,14 @@
 // The Hopper backward dK/dV kernel (sm_90a): the portable kernel's algorithm (bwd_kernel.cuh) on
-// warpgroup tensor cores, atomic dQ mode. One block per (key tile, sequence, KV head); each
-// warpgroup owns 64 keys of the tile and keeps their dK, dV accumulators in registers while the
-// query tiles of every head of the GQA group stream by (Q, dO, LSE, D double buffered):
+// warpgroup tensor cores, atomic dQ mode. One block per (key tile, sequence, KV head) keeps the
+// tile's dK, dV accumulators in registers while the query tiles of every head of the GQA group
+// stream by (Q, dO, LSE, D double buffered):
 //   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
-//   is still in flight), dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from registers,
-//   and dQ += dS K, with dS^T through shared memory (the warpgroups split dQ's head dim), added
-//   into the fp32 dQ rows with 8-byte atomics.
+//   is still in flight), dV += P^T dO, dK += dS^T Q, and dQ += dS K with dS^T through shared
+//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows with 8-byte atomics.
+// Up to head dim 128 each warpgroup owns 64 keys and multiplies P^T and dS^T straight from its
+// registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so two warpgroups
+// share 64 keys: they split S^T's query columns and dK's, dV's head dim, and exchange P^T and dS^T
+// through shared memory.
 // Shared memory uses wgmma's 128-byte swizzled layouts; the transposed operands (dO^T, Q^T, K^T,
 // dS) are views read by the transposing (MN-major) operand modes, without copies.
 #pragma once
@@ -24,25 +27,34 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdTraitsSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
-  static constexpr int kWarpGroups = kBlockN / 64;
+  static constexpr bool kSplitD = kHeadDim > 128;
+  static constexpr int kWarpGroups = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = kWarpGroups * 128;
-  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0);
+  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0 && (!kSplitD || kBlockN == 64));
 
-  using AlongKeys = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
-  using AlongD = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
+  using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
+  using SplitCols = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
   // (N x M) = K Q^T and V dO^T.
   using MmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(), AlongKeys{}));
-  // (N x D) += P^T dO and dS^T Q, A from registers.
-  using MmaKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      AlongKeys{}));
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN>, Int<kBlockM / (kSplitD ? kWarpGroups : 1)>, Int<kHeadDim>>>(),
+      std::conditional_t<kSplitD, SplitCols, SplitRows>{}));
+  // (N x D) += P^T dO and dS^T Q: A from registers, or from shared memory where split.
+  using MmaKV = std::conditional_t<
+      kSplitD,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
+                                                   Shape<Int<kBlockN>, Int<kHeadDim / kWarpGroups>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              SplitCols{})),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float,
+                                                   Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                                                   GMMA::Major::MN>(),
+                              SplitRows{}))>;
   // (M x D) = dS K, both operands transposed views.
   using MmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim / kWarpGroups>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      AlongD{}));
+      SplitCols{}));
 
   using Atom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));  // Q, dO
@@ -64,9 +76,10 @@ struct BwdTraitsSm90 {
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
-  // K, V; 2 x (Q, dO); dS^T; 2 x (LSE, D).
+  static constexpr int kTilesP = kSplitD ? 2 : 1;
+  // K, V; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D).
   static constexpr int kSmemBytes =
-      (2 * kTileKV + 4 * kTileQ + kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
+      (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
 };
 
 template <class T, bool kMods>
@@ -93,11 +106,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   Tensor sQ = make_tensor(make_smem_ptr(base + 2 * T::kTileKV), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 2 * T::kTileQ), typename T::SmemLayoutQ{});
   Tensor sdSt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ), typename T::SmemLayoutdSt{});
+  Tensor sPt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTileP),
+                           typename T::SmemLayoutdSt{});  // where split
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
-  float* rows_base = reinterpret_cast<float*>(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTileP);
+  float* rows_base = reinterpret_cast<float*>(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTilesP * T::kTileP);
   auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
   auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
 
@@ -141,6 +156,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   auto st_ds = make_tiled_copy_C(typename T::StoreAtom{}, mma_sdp);
   auto st_ds_thr = st_ds.get_thread_slice(tid);
   Tensor sdSt_st = st_ds_thr.partition_D(sdSt);
+  Tensor sPt_st = st_ds_thr.partition_D(sPt);
 
   const int m_end = (m_lo + tiles) * kBlockM;
   for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
@@ -168,11 +184,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
 
     Tensor rPt = convert<Element>(acc_s);
     Tensor rdSt = convert<Element>(acc_dp);
-    gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
-    gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
-    copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
-    cutlass::arch::fence_view_async_shared();
-    __syncthreads();  // dS^T is in shared memory
+    if constexpr (T::kSplitD) {
+      copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
+      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // both warpgroups' columns of P^T and dS^T are in shared memory
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
+    } else {
+      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
+      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // dS^T is in shared memory
+    }
 
     Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
     gemm_wg<true>(mma_q, ddS_a, dKt_b, acc_dq);

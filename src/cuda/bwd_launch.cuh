@@ -25,12 +25,14 @@ template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64,
 template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
 template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
 
-// Hopper, atomic dQ mode: 128-key tiles (64 keys per warpgroup) and 64-row query tiles, as
-// FlashAttention-3 tiles head dim 128. Other head dims and the deterministic mode run the portable
-// kernels.
+// Hopper, atomic dQ mode: 64-row query tiles; 128-key tiles (64 keys per warpgroup) up to head
+// dim 128 as FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond.
+// Head dims 96 and 192 (whose halves are not whole 64-column swizzle atoms for the transposed
+// operands) and the deterministic mode run the portable kernels.
 template <class E, int D> struct BwdConfigSm90 { using type = void; };
 template <class E> struct BwdConfigSm90<E, 64> { using type = BwdTraitsSm90<E, 64, 64, 128>; };
 template <class E> struct BwdConfigSm90<E, 128> { using type = BwdTraitsSm90<E, 128, 64, 128>; };
+template <class E> struct BwdConfigSm90<E, 256> { using type = BwdTraitsSm90<E, 256, 64, 64>; };
 
 template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,

@@ -154,7 +154,8 @@ TEST_F(GpuBackward, RandomSweep) {
   }
 }
 
-// Many key and query tiles, GQA groups of 4 summed into dK and dV, both modes.
+// Many key and query tiles, GQA groups of 4 summed into dK and dV, both modes; head dim 256 (on
+// Hopper, warpgroups splitting the head dim) with a softcap.
 TEST_F(GpuBackward, LongSequencesGqaAndDeterministicMode) {
   const std::uint64_t seed = fresh_seed();
   Case c = base_case(DType::bf16, 700, 900, 128);
@@ -173,6 +174,13 @@ TEST_F(GpuBackward, LongSequencesGqaAndDeterministicMode) {
   c.options.deterministic = true;
   c.options.softcap = 8.f;
   check_case(c, seed + 4);
+  c = base_case(DType::bf16, 390, 530, 256);
+  c.batch = 1;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.options.causal = true;
+  c.options.softcap = 10.f;
+  check_case(c, seed + 5);
 }
 
 // options.deterministic: three runs give bitwise the same gradients.
