@@ -78,7 +78,8 @@ void combine(const CombineArgs& args);
 
 // Bytes of scratch a call needs beyond its inputs and outputs (O(N): lse, D, an fp32 dQ
 // accumulator, split partials). Pass options.workspace of at least this size to avoid
-// allocation inside the call.
+// allocation inside the call; otherwise a CUDA call takes its scratch from a stream-ordered pool
+// that tileattn keeps per device, holding up to the largest scratch in use at once for later calls.
 std::size_t workspace_size(const ForwardArgs& args);
 std::size_t workspace_size(const BackwardArgs& args);
 std::size_t workspace_size(const DecodeArgs& args);

@@ -1,5 +1,6 @@
 #include "cuda/runtime.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -21,9 +22,14 @@ namespace {
 
 struct DeviceInfo {
   int sms = 0, major = 0;
+  cudaMemPool_t scratch = nullptr;
 };
 
-// Attributes of the current device, queried once per device and process.
+// Attributes of the current device, queried once per device and process, and the pool of the
+// calls' own scratch. That pool keeps freed memory for the next call, as PyTorch's caching
+// allocator does: the device's default pool hands its memory back at every synchronization, so
+// a call after one would map its scratch afresh (for the backward's fp32 dQ rows, a cost on the
+// order of its dQ conversion kernel).
 DeviceInfo device_info() {
   static std::mutex m;
   static std::vector<DeviceInfo> infos;
@@ -35,6 +41,13 @@ DeviceInfo device_info() {
   if (d.sms == 0) {
     check(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    check(cudaMemPoolCreate(&d.scratch, &props), "cudaMemPoolCreate (the calls' scratch pool)");
+    std::uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(d.scratch, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
   }
   return d;
 }
@@ -67,7 +80,7 @@ Workspace::Workspace(const Options& o, std::size_t bytes, cudaStream_t stream) :
     return;
   }
   void* p = nullptr;
-  check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (call workspace)");
+  check(cudaMallocFromPoolAsync(&p, bytes, device_info().scratch, stream), "cudaMallocFromPoolAsync (call workspace)");
   data_ = static_cast<char*>(p);
   owned_ = true;
 }

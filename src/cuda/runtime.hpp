@@ -38,8 +38,8 @@ class DeviceGuard {
 };
 
 // A call's scratch: the caller's options.workspace when it is large enough, otherwise a
-// stream-ordered allocation (cudaMallocAsync) freed on the same stream after the call's kernels,
-// which CUDA graphs can capture.
+// stream-ordered allocation from the library's pool on the device (which keeps freed memory for
+// later calls), freed on the same stream after the call's kernels; CUDA graphs can capture it.
 class Workspace {
  public:
   Workspace(const Options& o, std::size_t bytes, cudaStream_t stream);
