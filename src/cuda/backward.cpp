@@ -39,17 +39,15 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
 struct Scratch {
-  std::size_t dsum_bytes, dq_bytes, counter_bytes;
-  std::size_t total() const { return dsum_bytes + dq_bytes + counter_bytes; }
+  std::size_t dsum_bytes, dq_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes; }
 };
 
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t rows = std::size_t(rows_total(p, a)) * p.heads_q;
   const BwdInstance* in = find_instance(p.dtype, call_hdim(p));
   const std::size_t cols = in ? in->hdim : 0;
-  const bool atomic = !a.options.deterministic;
-  return {round_up(rows * sizeof(float)), atomic ? round_up(rows * cols * sizeof(float)) : 0,
-          atomic ? round_up(sizeof(int)) : 0};
+  return {round_up(rows * sizeof(float)), a.options.deterministic ? 0 : round_up(rows * cols * sizeof(float))};
 }
 
 }  // namespace
@@ -85,7 +83,6 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   Workspace ws(a.options, sc.total(), stream);
   p.dsum = reinterpret_cast<float*>(ws.data());
   p.dq_accum = a.options.deterministic ? nullptr : reinterpret_cast<float*>(ws.data() + sc.dsum_bytes);
-  p.work_counter = a.options.deterministic ? nullptr : reinterpret_cast<int*>(ws.data() + sc.dsum_bytes + sc.dq_bytes);
 
   launch_bwd_dsum(pr.dtype, p, stream);
   const BwdGrid g{pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k,

@@ -115,7 +115,6 @@ struct BwdSeq {
   int q_start, k_start, sq, sk;
   std::int64_t row_base;  // index of the sequence's first query row in the [heads][rows_total] scratch
 
-  BwdSeq() = default;
   __device__ BwdSeq(const BwdParams& p, int b) {
     const FwdParams& f = p.fwd;
     q_start = 0, k_start = 0, sq = f.seqlen_q, sk = f.seqlen_k;

@@ -1,11 +1,7 @@
 // The Hopper backward dK/dV kernel (sm_90a): the portable kernel's algorithm (bwd_kernel.cuh) on
-// warpgroup tensor cores, atomic dQ mode. Persistent: one block per SM takes work tiles, each a
-// (key tile, sequence, KV head), from a counter in the order of the portable kernel's grid (keys
-// fastest, so that the blocks at work share their Q, dO rows in L2). A work tile keeps its dK, dV
-// accumulators in registers while the query tiles of every head of the GQA group stream by (Q,
-// dO, LSE, D double buffered), and the next work tile's first loads (its K, V where there is room
-// for a second buffer) are issued during the last query tile, so that they and the dK, dV stores
-// overlap instead of starting and ending each block with an idle SM:
+// warpgroup tensor cores, atomic dQ mode. One block per (key tile, sequence, KV head) keeps the
+// tile's dK, dV accumulators in registers while the query tiles of every head of the GQA group
+// stream by (Q, dO, LSE, D double buffered):
 //   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
 //   is still in flight), dV += P^T dO, dK += dS^T Q, and dQ += dS K with dS^T through shared
 //   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows with 8-byte atomics.
@@ -62,14 +58,12 @@ struct BwdTraitsSm90 {
 
   using Atom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));  // Q, dO
-  // K and V, two buffers (this work tile's, the next's) where they fit beside the rest.
-  static constexpr int kKvBuffers = kSplitD ? 1 : 2;
-  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kKvBuffers>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));     // K, V
   using SmemLayoutdSt = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kKvBuffers>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutdS =
       decltype(composition(SmemLayoutdSt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));
 
@@ -83,41 +77,9 @@ struct BwdTraitsSm90 {
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
   static constexpr int kTilesP = kSplitD ? 2 : 1;
-  // K, V buffers; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D).
-  static constexpr int kSmemBytes = (2 * kKvBuffers * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element)) +
-                                    2 * 2 * kBlockM * int(sizeof(float));
-};
-
-// A work tile: key tile n0 of sequence b, KV head hk, and the query tiles [m_lo, m_lo + tiles) of
-// each head of the group that see it. `live`: the tile holds keys, so it writes dK and dV (zeros
-// where iters == 0).
-struct BwdWork {
-  BwdSeq s;
-  Mask mask;
-  int b, hk, n0, m_lo, iters;
-  bool live;
-
-  template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static BwdWork of(const BwdParams& p, int item) {
-    BwdWork w;
-    const FwdParams& f = p.fwd;
-    const int n_block = item % p.key_tiles, rest = item / p.key_tiles;
-    w.b = rest % p.batch;
-    w.hk = rest / p.batch;
-    w.s = BwdSeq(p, w.b);
-    w.n0 = n_block * kBlockN;
-    w.mask = Mask(w.s.sq, w.s.sk, f.bottom_right, f.window_left, f.window_right);
-    w.live = w.n0 < w.s.sk;
-    w.m_lo = 0;
-    w.iters = 0;
-    if (w.live) {
-      const int row_lo = w.mask.block_row_begin(w.n0), row_hi = w.mask.block_row_end(min(w.n0 + kBlockN, w.s.sk));
-      w.m_lo = row_lo / kBlockM;
-      const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - w.m_lo : 0;
-      w.iters = tiles * f.group;
-    }
-    return w;
-  }
+  // K, V; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D).
+  static constexpr int kSmemBytes =
+      (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
 };
 
 template <class T, bool kMods>
@@ -126,49 +88,41 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
-  __shared__ int next_items[2];
   const FwdParams& f = p.fwd;
-  const int tid = threadIdx.x;
-  int item = blockIdx.x;
-  if (item >= p.work_tiles) return;
-  // Thread 0 claims each work tile's successor as it starts and publishes it at the end, so that
-  // the counter's latency overlaps the tile's work.
-  if (tid == 0) next_items[0] = gridDim.x + atomicAdd(p.work_counter, 1);
+  const int n_block = blockIdx.x, b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
+  const BwdSeq s(p, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= s.sk) return;
+  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const int n1 = min(n0 + kBlockN, s.sk);
+  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  const int m_lo = row_lo / kBlockM;
+  const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
+  const int iters = tiles * f.group;
 
   Element* base = reinterpret_cast<Element*>(smem_bwd_sm90);
-  Element* q_base = base + 2 * T::kKvBuffers * T::kTileKV;
   Tensor sK = make_tensor(make_smem_ptr(base), typename T::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(base + T::kKvBuffers * T::kTileKV), typename T::SmemLayoutKV{});
-  Tensor sQ = make_tensor(make_smem_ptr(q_base), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(q_base + 2 * T::kTileQ), typename T::SmemLayoutQ{});
-  Tensor sdSt = make_tensor(make_smem_ptr(q_base + 4 * T::kTileQ), typename T::SmemLayoutdSt{});
-  Tensor sPt = make_tensor(make_smem_ptr(q_base + 4 * T::kTileQ + T::kTileP),
+  Tensor sV = make_tensor(make_smem_ptr(base + T::kTileKV), typename T::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(base + 2 * T::kTileKV), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 2 * T::kTileQ), typename T::SmemLayoutQ{});
+  Tensor sdSt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ), typename T::SmemLayoutdSt{});
+  Tensor sPt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTileP),
                            typename T::SmemLayoutdSt{});  // where split
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
-  float* rows_base = reinterpret_cast<float*>(q_base + 4 * T::kTileQ + T::kTilesP * T::kTileP);
+  float* rows_base = reinterpret_cast<float*>(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTilesP * T::kTileP);
   auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
   auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
 
-  auto load_q = [&](const BwdWork& w, int h, int m0, int st) {
-    load_query_tile<T>(p, w.s, w.b, h, m0, sQ(_, _, st), sdO(_, _, st), sLse(st), sDsum(st), tid);
+  const std::int64_t k_row0 = s.k_start + n0;
+  load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid);
+  auto load = [&](int h, int m0, int st) {
+    load_query_tile<T>(p, s, b, h, m0, sQ(_, _, st), sdO(_, _, st), sLse(st), sDsum(st), tid);
   };
-  auto load_kv = [&](const BwdWork& w, int kb) {
-    load_key_tile<T>(f, w.s, w.b, w.hk, w.n0, sK(_, _, kb), sV(_, _, kb), tid);
-  };
-  // A work tile's first loads: its first query tile into stage st and, with `kv`, its K and V.
-  auto load_first = [&](int it, int st, int kb, bool kv) {
-    if (it < p.work_tiles) {
-      const BwdWork w = BwdWork::of<kBlockM, kBlockN>(p, it);
-      if (w.iters > 0) {
-        if (kv) load_kv(w, kb);
-        load_q(w, w.hk * f.group, w.m_lo * kBlockM, st);
-      }
-    }
-    cp_async_fence();
-  };
+  if (iters > 0) load(hk * f.group, m_lo * kBlockM, 0);
+  cp_async_fence();
 
   typename T::MmaSdP mma_sdp;
   typename T::MmaKV mma_kv;
@@ -179,7 +133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
-  // Operand descriptors, per stage or buffer where the operand has two.
+  // Operand descriptors, per stage where the operand has two.
   Tensor dK_a = tsdp.partition_fragment_A(sK);
   Tensor dV_a = tsdp.partition_fragment_A(sV);
   Tensor dQ_b = tsdp.partition_fragment_B(sQ);
@@ -191,6 +145,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
 
   Tensor acc_dk = partition_fragment_C(mma_kv, TileKV{});
   Tensor acc_dv = partition_fragment_C(mma_kv, TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
   Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});
   Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});
   Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
@@ -202,112 +158,83 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   Tensor sdSt_st = st_ds_thr.partition_D(sdSt);
   Tensor sPt_st = st_ds_thr.partition_D(sPt);
 
-  load_first(item, 0, 0, true);
-  int st = 0, kb = 0;  // the stage of the next query tile; the K, V buffer of this work tile
-  for (int k = 0; item < p.work_tiles; ++k) {
-    __syncthreads();  // next_items[k & 1] is written; every warpgroup is done with the last work tile
-    const int item_next = next_items[k & 1];
-    const int claimed = tid == 0 ? int(gridDim.x) + atomicAdd(p.work_counter, 1) : 0;
-    const int kb_next = T::kKvBuffers == 2 ? kb ^ 1 : kb;
-    const BwdWork w = BwdWork::of<kBlockM, kBlockN>(p, item);
-    if (w.iters == 0) load_first(item_next, st, kb_next, T::kKvBuffers == 2);
-
-    if (w.live) {
-      clear(acc_dk);
-      clear(acc_dv);
-      const int m_end = (w.m_lo + w.iters / f.group) * kBlockM;
-      for (int t = 0, h = w.hk * f.group, m0 = w.m_lo * kBlockM; t < w.iters; ++t, st ^= 1) {
-        const bool head_done = m0 + kBlockM == m_end;
-        const int h_next = head_done ? h + 1 : h, m0_next = head_done ? w.m_lo * kBlockM : m0 + kBlockM;
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warpgroup is done with the last tile
-        if (t + 1 < w.iters) {
-          load_q(w, h_next, m0_next, st ^ 1);
-          cp_async_fence();
-        } else {
-          load_first(item_next, st ^ 1, kb_next, T::kKvBuffers == 2);
-        }
-        const BwdHead hd(f, w.b, h);
-        const bool masked =
-            !w.mask.block_full(m0, min(m0 + kBlockM, w.s.sq), w.n0, w.n0 + kBlockN) || w.n0 + kBlockN > w.s.sk;
-
-        gemm_wg<true>(mma_sdp, dK_a(_, _, _, kb), dQ_b(_, _, _, st), acc_s);
-        gemm_wg<true>(mma_sdp, dV_a(_, _, _, kb), ddO_b(_, _, _, st), acc_dp);
-        TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
-        Tensor dsc = make_tensor<float>(shape(s_rc));
-        warpgroup_wait<1>();  // S^T is done; dP^T runs on
-        scores_to_pt<kMods>(f, w.mask, hd, masked, w.n0, m0, s_rc, dsc, c, cols);
-        warpgroup_wait<0>();
-        dpt_to_dst<kMods>(f, hd, w.n0, m0, s_rc, dp_rc, dsc, c, cols);
-
-        Tensor rPt = convert<Element>(acc_s);
-        Tensor rdSt = convert<Element>(acc_dp);
-        if constexpr (T::kSplitD) {
-          copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
-          copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
-          cutlass::arch::fence_view_async_shared();
-          __syncthreads();  // both warpgroups' columns of P^T and dS^T are in shared memory
-          gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
-          gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
-        } else {
-          gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
-          gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
-          copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
-          cutlass::arch::fence_view_async_shared();
-          __syncthreads();  // dS^T is in shared memory
-        }
-
-        Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
-        gemm_wg<true>(mma_q, ddS_a, dKt_b(_, _, _, kb), acc_dq);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
-        warpgroup_fence_operand(rdSt);
-
-        // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base plus
-        // a constant.
-        float* dq = p.dq_accum + (h * p.rows_total + w.s.row_base + m0) * kHeadDim;
-        Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
-        if (m0 + kBlockM <= w.s.sq) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
-        } else {
-          Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 2)
-            if (get<0>(cQ(i)) < w.s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
-        }
-        h = h_next;
-        m0 = m0_next;
-      }
-
-      // dK and dV through this work tile's K and V buffer, while the next one's loads are in flight.
-      __syncthreads();  // every warpgroup is done reading K and V (dQ = dS K reads all of K)
-      const std::int64_t k_row0 = w.s.k_start + w.n0;
-      Element* dk = static_cast<Element*>(p.dk) + w.b * p.dk_batch + k_row0 * p.dk_row + w.hk * p.dk_head;
-      Element* dv = static_cast<Element*>(p.dv) + w.b * p.dv_batch + k_row0 * p.dv_row + w.hk * p.dv_head;
-      Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
-      Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
-      const float dk_scale = ds_scale(f);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
-      Tensor sKb = sK(_, _, kb), sVb = sV(_, _, kb);
-      store_acc<T, typename T::MmaKV>(acc_dk, sKb, gdK, w.s.sk - w.n0, f.d_qk, tid);
-      store_acc<T, typename T::MmaKV>(acc_dv, sVb, gdV, w.s.sk - w.n0, f.d_v, tid);
-    }
-    if constexpr (T::kKvBuffers == 1) {
-      // One buffer: the next K and V load once the stores have read it.
-      __syncthreads();
-      if (item_next < p.work_tiles) {
-        const BwdWork wn = BwdWork::of<kBlockM, kBlockN>(p, item_next);
-        if (wn.iters > 0) load_kv(wn, kb);
-      }
+  const int m_end = (m_lo + tiles) * kBlockM;
+  for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
+    const int st = t & 1;
+    const bool head_done = m0 + kBlockM == m_end;
+    const int h_next = head_done ? h + 1 : h, m0_next = head_done ? m_lo * kBlockM : m0 + kBlockM;
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warpgroup is done with the last tile
+    if (t + 1 < iters) {
+      load(h_next, m0_next, st ^ 1);
       cp_async_fence();
     }
-    if (tid == 0) next_items[(k + 1) & 1] = claimed;
-    item = item_next;
-    kb = kb_next;
+    const BwdHead hd(f, b, h);
+    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
+
+    gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
+    gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
+    TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
+    Tensor dsc = make_tensor<float>(shape(s_rc));
+    warpgroup_wait<1>();  // S^T is done; dP^T runs on
+    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, cols);
+    warpgroup_wait<0>();
+    dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, cols);
+
+    Tensor rPt = convert<Element>(acc_s);
+    Tensor rdSt = convert<Element>(acc_dp);
+    if constexpr (T::kSplitD) {
+      copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
+      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // both warpgroups' columns of P^T and dS^T are in shared memory
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
+    } else {
+      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
+      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // dS^T is in shared memory
+    }
+
+    Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
+    gemm_wg<true>(mma_q, ddS_a, dKt_b, acc_dq);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
+    warpgroup_fence_operand(rdSt);
+
+    // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base plus
+    // a constant.
+    float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
+    Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
+    if (m0 + kBlockM <= s.sq) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+    } else {
+      Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2)
+        if (get<0>(cQ(i)) < s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+    }
+    h = h_next;
+    m0 = m0_next;
   }
+
+  // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
+  // no iteration: its K and V copies may still be in flight.
+  cp_async_wait<0>();
+  __syncthreads();
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
+  const float dk_scale = ds_scale(f);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
+  store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tid);
+  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
 #endif
 }
 

@@ -2,7 +2,6 @@
 // instantiation units only.
 #pragma once
 
-#include <algorithm>
 #include <type_traits>
 
 #include "cuda/bwd_kernel.cuh"
@@ -68,12 +67,9 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
     if (g.sm90a && !g.deterministic) {
-      BwdParams q = p;
-      q.key_tiles = (g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN;
-      q.work_tiles = q.key_tiles * g.batch * g.heads_kv;
-      const dim3 grid(std::min(q.work_tiles, device_sm_count()));
+      const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
       launch_kernel(g.mods ? bwd_dkdv_kernel_sm90<H, true> : bwd_dkdv_kernel_sm90<H, false>, grid, H::kThreads,
-                    H::kSmemBytes, g.stream, q, "launching the backward dK/dV kernel");
+                    H::kSmemBytes, g.stream, p, "launching the backward dK/dV kernel");
       return;
     }
   }

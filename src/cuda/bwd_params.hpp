@@ -24,10 +24,6 @@ struct BwdParams {
   std::int64_t rows_total;
   int dq_cols;      // the kernel's head dim
   int batch;
-  // The persistent Hopper kernel's work: key_tiles per (sequence, KV head), work_tiles in all, and
-  // the counter its blocks claim them from (zeroed with the dQ rows).
-  int key_tiles, work_tiles;
-  int* work_counter;
 };
 
 // The kernels leave the softmax scale out of dS (unless a softcap's derivative carries it) and

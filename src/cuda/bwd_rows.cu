@@ -1,9 +1,7 @@
 // The backward's per-row kernels, 16-byte accesses, one thread per 8 columns and as many rows per
 // warp as fit (a row's threads are a power of two, so they reduce by shuffles within the warp):
-// D = rowsum(dO * O) (and the fp32 dQ accumulator's row and the work counter zeroed) before the
-// main kernels, and the accumulator scaled and converted to the output dtype after them.
-#include <algorithm>
-
+// D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the
+// accumulator scaled and converted to the output dtype after them.
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -57,7 +55,6 @@ __global__ void dsum_kernel(const BwdParams p, int tpr) {
     }
   }
   for (int s = tpr / 2; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  if (p.work_counter != nullptr && row == 0 && h == 0 && lane == 0) *p.work_counter = 0;
   if (!live) return;
   if (lane == 0) p.dsum[h * p.rows_total + row] = sum;
   if (p.dq_accum != nullptr) {
@@ -85,12 +82,9 @@ using RowKernel = void (*)(BwdParams, int);
 
 void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, int cols, cudaStream_t stream,
                  const char* what) {
+  if (p.rows_total == 0) return;
   const int tpr = threads_per_row(cols), rows_per_block = kThreads / tpr;
-  // With no query rows, one block still zeroes the work counter (keys get dK = dV = 0).
-  const std::int64_t blocks = std::max<std::int64_t>((p.rows_total + rows_per_block - 1) / rows_per_block,
-                                                     p.work_counter != nullptr ? 1 : 0);
-  if (blocks == 0) return;
-  const dim3 grid(unsigned(blocks), p.fwd.heads_q);
+  const dim3 grid(unsigned((p.rows_total + rows_per_block - 1) / rows_per_block), p.fwd.heads_q);
   (dtype == DType::f16 ? f16 : bf16)<<<grid, kThreads, 0, stream>>>(p, tpr);
   check_launch(what);
 }
