@@ -22,14 +22,9 @@ namespace {
 
 struct DeviceInfo {
   int sms = 0, major = 0;
-  cudaMemPool_t scratch = nullptr;
 };
 
-// Attributes of the current device, queried once per device and process, and the pool of the
-// calls' own scratch. That pool keeps freed memory for the next call, as PyTorch's caching
-// allocator does: the device's default pool hands its memory back at every synchronization, so
-// a call after one would map its scratch afresh (for the backward's fp32 dQ rows, a cost on the
-// order of its dQ conversion kernel).
+// Attributes of the current device, queried once per device and process.
 DeviceInfo device_info() {
   static std::mutex m;
   static std::vector<DeviceInfo> infos;
@@ -41,15 +36,33 @@ DeviceInfo device_info() {
   if (d.sms == 0) {
     check(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  }
+  return d;
+}
+
+// The pool of the calls' own scratch on the current device, made at its first use. It keeps
+// freed memory for the next call, as PyTorch's caching allocator does: the device's default pool
+// hands its memory back at every synchronization, so a call after one would map its scratch afresh
+// (for the backward's fp32 dQ rows, a cost of the order of its dQ conversion kernel).
+cudaMemPool_t scratch_pool() {
+  static std::mutex m;
+  static std::vector<cudaMemPool_t> pools;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> g(m);
+  if (static_cast<int>(pools.size()) <= dev) pools.resize(dev + 1, nullptr);
+  if (pools[dev] == nullptr) {
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = dev;
-    check(cudaMemPoolCreate(&d.scratch, &props), "cudaMemPoolCreate (the calls' scratch pool)");
+    cudaMemPool_t pool = nullptr;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (the calls' scratch pool)");
     std::uint64_t keep = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(d.scratch, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    pools[dev] = pool;
   }
-  return d;
+  return pools[dev];
 }
 
 }  // namespace
@@ -79,8 +92,14 @@ Workspace::Workspace(const Options& o, std::size_t bytes, cudaStream_t stream) :
     data_ = static_cast<char*>(o.workspace);
     return;
   }
+  // Inside a stream capture the allocation becomes the graph's own (a pool cannot be made there).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   void* p = nullptr;
-  check(cudaMallocFromPoolAsync(&p, bytes, device_info().scratch, stream), "cudaMallocFromPoolAsync (call workspace)");
+  if (capture == cudaStreamCaptureStatusNone)
+    check(cudaMallocFromPoolAsync(&p, bytes, scratch_pool(), stream), "cudaMallocFromPoolAsync (call workspace)");
+  else
+    check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync (call workspace, captured)");
   data_ = static_cast<char*>(p);
   owned_ = true;
 }

@@ -39,7 +39,8 @@ class DeviceGuard {
 
 // A call's scratch: the caller's options.workspace when it is large enough, otherwise a
 // stream-ordered allocation from the library's pool on the device (which keeps freed memory for
-// later calls), freed on the same stream after the call's kernels; CUDA graphs can capture it.
+// later calls; inside a stream capture, the graph's own), freed on the same stream after the
+// call's kernels.
 class Workspace {
  public:
   Workspace(const Options& o, std::size_t bytes, cudaStream_t stream);
