@@ -4,7 +4,7 @@
 // stream by (Q, dO, LSE, D double buffered):
 //   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
 //   is still in flight), dV += P^T dO, dK += dS^T Q, and dQ += dS K with dS^T through shared
-//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows with 8-byte atomics.
+//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows with 16-byte atomics.
 // Up to head dim 128 each warpgroup owns 64 keys and multiplies P^T and dS^T straight from its
 // registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so two warpgroups
 // share 64 keys: they split S^T's query columns and dK's, dV's head dim, and exchange P^T and dS^T
@@ -81,6 +81,37 @@ struct BwdTraitsSm90 {
   static constexpr int kSmemBytes =
       (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
 };
+
+// Adds a wgmma accumulator tile (M x N, fp32) into rows of global memory with 16-byte reductions,
+// half as many as 8-byte ones: a thread holds column pairs (2q, 2q+1) of each 8-column group, so
+// lanes q = 2j, 2j+1 trade pairs and each adds 4 adjacent columns, of the even group or the odd
+// one. Rows at or past rows_left are skipped (every lane still takes part in the trades).
+template <class Acc, class G, class C>
+__device__ __forceinline__ void add_acc_quads(const Acc& acc, const G& g, const C& coord, int rows_left) {
+  const bool odd = threadIdx.x & 1;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(acc); ++m) {
+    CUTE_UNROLL
+    for (int n = 0; n < size<2>(acc); ++n) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTE_UNROLL
+        for (int grp = 0; grp < size<0, 2>(acc); grp += 2) {
+          auto at = [&](int c, int gr) { return make_coord(make_coord(c, r, gr), m, n); };
+          // Register indices stay compile-time constants (a lane-dependent index would move acc
+          // to local memory): both groups are read, and the lane's parity selects.
+          const float e0 = acc(at(0, grp)), e1 = acc(at(1, grp)), o0 = acc(at(0, grp + 1)), o1 = acc(at(1, grp + 1));
+          const int mine = odd ? grp + 1 : grp;
+          const float sx = __shfl_xor_sync(0xffffffffu, odd ? e0 : o0, 1);
+          const float sy = __shfl_xor_sync(0xffffffffu, odd ? e1 : o1, 1);
+          const float4 v = odd ? make_float4(sx, sy, o0, o1) : make_float4(e0, e1, sx, sy);
+          if (get<0>(coord(at(0, mine))) < rows_left)
+            atomicAdd(reinterpret_cast<float4*>(&g(at(0, mine)) - (odd ? 2 : 0)), v);
+        }
+      }
+    }
+  }
+}
 
 template <class T, bool kMods>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
@@ -209,15 +240,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
     // a constant.
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
     Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
-    if (m0 + kBlockM <= s.sq) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
-    } else {
-      Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2)
-        if (get<0>(cQ(i)) < s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
-    }
+    add_acc_quads(acc_dq, gdq, tq.partition_C(make_identity_tensor(TileQ{})), s.sq - m0);
     h = h_next;
     m0 = m0_next;
   }
