@@ -44,7 +44,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   const FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k,
                                         a.alibi_slopes, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
-  const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q, pr.seqlen_k,
+  const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f), device_runs_sm90a(),
                   static_cast<cudaStream_t>(a.options.stream)};
   in->launch(p, g);

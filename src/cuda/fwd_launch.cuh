@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include <cutlass/numeric_types.h>
 
@@ -15,7 +16,7 @@
 namespace tileattn::cuda {
 
 // (block_m, block_n, warps) per head dim, picked by timing variants side by side on an H100
-// (bench/gpu_fwd_notes.md). hdim 64: a 64-key tile keeps the accumulators in registers without
+// (bench/notes/forward.md). hdim 64: a 64-key tile keeps the accumulators in registers without
 // spills (128 keys spilled and ran 3-8% slower). hdim 256: a 64-row query tile on 4 warps (16 rows
 // each) beat 128 rows on 8 warps on most rows, also without spills. hdim 128 keeps 128 x 64: 128 x 32,
 // 8 warps and a 3-blocks-per-SM register cap were all slower.
@@ -27,11 +28,11 @@ template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128
 template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 64, 64, 4>; };
 
 // Hopper: 64 query rows per warpgroup. Key tiles as wide as the registers allow: the S accumulators
-// (block_n / 2 per thread) sit beside O's (head_dim / 2). Head dim 64: one warpgroup per block, so
-// that two independent blocks share an SM and one's softmax overlaps the other's products (two
-// warpgroups in one block, held in step by its barriers, ran 0.76-0.99x FlashAttention-2 there).
-template <class E, int D> struct FwdConfigSm90;
-template <class E> struct FwdConfigSm90<E, 64> { using type = FwdTraitsSm90<E, 64, 64, 128>; };
+// (block_n / 2 per thread) sit beside O's (head_dim / 2). Head dim 64 runs the portable kernel,
+// which beat every wgmma variant there (two warpgroups per block: 0.76-0.99x FlashAttention-2; one
+// per block, two blocks per SM: 0.79-1.06x, 5% behind the portable kernel at 8k-16k keys and 10-30%
+// at 512; bench/notes/forward.md).
+template <class E, int D> struct FwdConfigSm90 { using type = void; };
 template <class E> struct FwdConfigSm90<E, 96> { using type = FwdTraitsSm90<E, 96, 128, 128>; };
 template <class E> struct FwdConfigSm90<E, 128> { using type = FwdTraitsSm90<E, 128, 128, 128>; };
 template <class E> struct FwdConfigSm90<E, 192> { using type = FwdTraitsSm90<E, 192, 128, 96>; };
@@ -69,10 +70,10 @@ template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
 #ifdef TILEATTN_CUDA_SM90A
-  // Head dim 64 with up to 2k keys: each block sees at most 16 key tiles and the portable kernel's
-  // shorter prologue wins (bench/notes/forward_sm90.md).
-  const bool portable_wins = kHeadDim == 64 && g.max_seqlen_k <= 2048;
-  if (g.sm90a && !portable_wins) return launch_variant<typename FwdConfigSm90<E, kHeadDim>::type, Hopper>(p, g);
+  using H = typename FwdConfigSm90<E, kHeadDim>::type;
+  if constexpr (!std::is_void_v<H>) {
+    if (g.sm90a) return launch_variant<H, Hopper>(p, g);
+  }
 #endif
   launch_variant<typename FwdConfig<E, kHeadDim>::type, Portable>(p, g);
 }

@@ -10,7 +10,7 @@
 namespace tileattn::cuda {
 
 struct FwdGrid {
-  int batch, heads_q, max_seqlen_q, max_seqlen_k;
+  int batch, heads_q, max_seqlen_q;
   bool mods;  // softcap, ALiBi, dropout or a non-positive scale: the kernel variant that applies them
   bool sm90a;  // run the Hopper kernel (where built)
   cudaStream_t stream;

@@ -264,8 +264,8 @@ TEST_F(GpuForward, LongSequencesAndGqa) {
   c.window_right = 30;
   c.causal = false;
   check_case(c, seed + 2);
-  // Head dim 64 beyond 2k keys (the Hopper kernel's range there), causal with ragged tiles, then
-  // with a narrower V (the column-checked variant) and softcap (the modifiers' variant).
+  // Head dim 64 over 2k keys, causal with ragged tiles, then with a narrower V (the
+  // column-checked variant) and softcap (the modifiers' variant).
   Case d;
   d.seqlen_q = 333;
   d.seqlen_k = 2333;
