@@ -2,7 +2,7 @@
 // command line and prints one JSON object per row (bench/gpu_bench.py runs it beside the PyTorch
 // peers and merges the records).
 //
-//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
+//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
 //
 // The backward's out and lse come from one forward call per input set, before the timing.
 // Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
@@ -40,7 +40,7 @@ constexpr int kSets = 3;
 
 int main(int argc, char** argv) {
   int iters = 30;
-  bool backward = false;
+  bool backward = false, deterministic = false;
   tileattn::DType dtype = tileattn::DType::bf16;
   std::vector<Row> rows;
   for (int i = 1; i < argc; ++i) {
@@ -50,11 +50,13 @@ int main(int argc, char** argv) {
       dtype = std::strcmp(argv[++i], "f16") ? tileattn::DType::bf16 : tileattn::DType::f16;
     } else if (!std::strcmp(argv[i], "--backward")) {
       backward = true;
+    } else if (!std::strcmp(argv[i], "--deterministic")) {
+      deterministic = true;
     } else {
       Row r{};
       int causal = 0;
       if (std::sscanf(argv[i], "%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal) != 5) {
-        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] [--backward] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
+        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
         return 2;
       }
       r.causal = causal != 0;
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
       a.dk = tileattn::view(dk[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
       a.dv = tileattn::view(dv[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
       a.options = f.options;
+      a.options.deterministic = deterministic;
       return a;
     };
     auto call = [&](int s) {
@@ -143,10 +146,10 @@ int main(int argc, char** argv) {
     const double flops = (backward ? 2.5 : 1.0) * 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
     const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
     std::printf(
-        "{\"grid\": \"%s\", \"impl\": \"tileattn\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
+        "{\"grid\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
         "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
         "\"tflops\": %.2f, \"tbps\": null, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
-        backward ? "bwd" : "fwd", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
+        backward ? "bwd" : "fwd", deterministic ? "tileattn-deterministic" : "tileattn", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
         median, flops / (median * 1e-3) / 1e12,
         backward ? tileattn::workspace_size(bwd_args_for(0)) : tileattn::workspace_size(args_for(0)), lse_bytes,
         static_cast<long long>(free_before) - static_cast<long long>(free_after));

@@ -6,6 +6,9 @@ output; FLOPs of the backward are 2.5x the forward's.
 
     gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick] [--backward]
 
+With --backward the grid also times tileattn's deterministic mode (impl "tileattn-deterministic",
+its own column), the cost of bitwise-reproducible gradients.
+
 Writes the DESIGN.md benchmark record and prints a table last: TFLOP/s of each implementation and
 tileattn's time ratio to the best peer (best peer time / tileattn time: >= 1.0 means at least as fast).
 """
@@ -120,6 +123,10 @@ def main():
     mode = ["--backward"] if args.backward else []
     ours = subprocess.run([args.bench, "--iters", str(args.iters)] + mode + specs, check=True, capture_output=True, text=True)
     records = [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
+    if args.backward:
+        det = subprocess.run([args.bench, "--iters", str(args.iters), "--backward", "--deterministic"] + specs,
+                             check=True, capture_output=True, text=True)
+        records += [json.loads(line) for line in det.stdout.splitlines() if line.startswith("{")]
     for r in rows:
         records += peer_rows(r, args.iters, args.backward)
 
@@ -137,7 +144,8 @@ def main():
         print("backward: extra device memory per call = workspace_bytes in the JSON (D and the fp32 dQ rows)")
     else:
         print("extra device memory per call: workspace 0 B, lse only (lse_bytes per row in the JSON)")
-    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} {'cudnn':>8} | TFLOP/s | "
+    det = " determ." if args.backward else ""
+    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} {'cudnn':>8}{det} | TFLOP/s | "
           f"{'vs flash':>8} {'vs best':>8}")
     for k in sorted(by):
         row = by[k]
@@ -148,7 +156,8 @@ def main():
         best = min([m for m in (fl, cu) if m], default=None)
         vs_flash = f"{fl / t:8.3f}" if t and fl else f"{'-':>8}"
         vs_best = f"{best / t:8.3f}" if t and best else f"{'-':>8}"
-        print(f"{k[0]:>4} {k[1]:>6} {str(k[2]):>6} | {tf('tileattn')} {tf('torch-flash')} {tf('torch-cudnn')} |"
+        det = " " + tf("tileattn-deterministic") if args.backward else ""
+        print(f"{k[0]:>4} {k[1]:>6} {str(k[2]):>6} | {tf('tileattn')} {tf('torch-flash')} {tf('torch-cudnn')}{det} |"
               f"         | {vs_flash} {vs_best}")
 
 
