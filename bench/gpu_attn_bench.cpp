@@ -6,7 +6,8 @@
 //
 // The backward's out and lse come from one forward call per input set, before the timing.
 // Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
-// no call finds its inputs in L2. Each call is timed with CUDA events; the median is reported.
+// no call finds its inputs in L2. `ms` is the median of calls issued back to back, as the peers are
+// timed; `call_ms` the median of calls synchronized one by one (host work and launch included).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,16 +19,12 @@
 #include <cuda_runtime.h>
 
 #include "common/half.hpp"
+#include "gpu_timing.hpp"
 #include "tileattn/tileattn.hpp"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "tileattn_gpu_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using bench::check;
 
 struct Row {
   int batch, seqlen, heads, hdim;
@@ -87,9 +84,6 @@ int main(int argc, char** argv) {
   std::vector<void*> lse(kSets);
   for (auto& l : lse) check(cudaMalloc(&l, max_rows * sizeof(float)), "cudaMalloc");
 
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
   const tileattn::Device dev{tileattn::DeviceType::cuda, 0};
   for (const Row& r : rows) {
     auto args_for = [&](int s) {
@@ -133,24 +127,17 @@ int main(int argc, char** argv) {
     for (int w = 0; w < 3; ++w) call(w % kSets);
     check(cudaDeviceSynchronize(), "warm-up");
     check(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
-    std::vector<float> ms(iters);
-    for (int it = 0; it < iters; ++it) {
-      check(cudaEventRecord(start), "cudaEventRecord");
-      call(it % kSets);
-      check(cudaEventRecord(stop), "cudaEventRecord");
-      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      check(cudaEventElapsedTime(&ms[it], start, stop), "cudaEventElapsedTime");
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[iters / 2];
+    int next = 0;
+    const double median = bench::median_ms([&] { call(next++ % kSets); }, 0, iters);
+    const double call_ms = bench::isolated_ms([&] { call(next++ % kSets); }, 0, iters);
     const double flops = (backward ? 2.5 : 1.0) * 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
     const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
     std::printf(
         "{\"grid\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
         "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
-        "\"tflops\": %.2f, \"tbps\": null, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
+        "\"tflops\": %.2f, \"tbps\": null, \"call_ms\": %.5f, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
         backward ? "bwd" : "fwd", deterministic ? "tileattn-deterministic" : "tileattn", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
-        median, flops / (median * 1e-3) / 1e12,
+        median, flops / (median * 1e-3) / 1e12, call_ms,
         backward ? tileattn::workspace_size(bwd_args_for(0)) : tileattn::workspace_size(args_for(0)), lse_bytes,
         static_cast<long long>(free_before) - static_cast<long long>(free_after));
     std::fflush(stdout);

@@ -120,14 +120,15 @@ def main():
 
     rows = list(grid(args.quick))
     specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}" for r in rows]
-    mode = ["--backward"] if args.backward else []
-    ours = subprocess.run([args.bench, "--iters", str(args.iters)] + mode + specs, check=True, capture_output=True, text=True)
-    records = [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
-    if args.backward:
-        det = subprocess.run([args.bench, "--iters", str(args.iters), "--backward", "--deterministic"] + specs,
-                             check=True, capture_output=True, text=True)
-        records += [json.loads(line) for line in det.stdout.splitlines() if line.startswith("{")]
-    for r in rows:
+    # Ours and the peers row by row, each row's implementations one after the other, so that all of
+    # them meet the GPU in the same state (clocks, temperature) rather than ours first for the grid.
+    modes = [["--backward"], ["--backward", "--deterministic"]] if args.backward else [[]]
+    records = []
+    for r, spec in zip(rows, specs):
+        for mode in modes:
+            ours = subprocess.run([args.bench, "--iters", str(args.iters)] + mode + [spec], check=True,
+                                  capture_output=True, text=True)
+            records += [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
         records += peer_rows(r, args.iters, args.backward)
 
     doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
