@@ -77,12 +77,8 @@ struct BwdTraits {
   using StoreAtom = Copy_Atom<UniversalCopy<std::uint32_t>, Element>;
 #endif
 
-  static constexpr int kThreadsPerRow = kChunk / 8;
-  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, _8>>{}));
+  using GmemLoad = typename GmemCopies<Element, kThreads, kChunk>::Load;
+  using GmemStore = typename GmemCopies<Element, kThreads, kChunk>::Store;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
   static constexpr int kRowBytes = 2 * kBlockM * int(sizeof(float));  // LSE and D of a query tile
@@ -533,22 +529,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
     return make_tensor(make_smem_ptr(kv_base + st * 2 * kTileKV + kTileKV), typename T::SmemLayoutKV{});
   };
 
-  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
-  const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + std::int64_t(s.k_start) * f.k_row + hk * f.k_head;
-  const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + std::int64_t(s.k_start) * f.v_row + hk * f.v_head;
-  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k), make_shape(s.sk, Int<kHeadDim>{}), make_stride(f.k_row, _1{})),
-                         TileKV{}, make_coord(_, 0));
-  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v), make_shape(s.sk, Int<kHeadDim>{}), make_stride(f.v_row, _1{})),
-                         TileKV{}, make_coord(_, 0));
-  typename T::GmemLoad gload;
-  auto gl = gload.get_thread_slice(tid);
-  Tensor cKV = gl.partition_S(make_identity_tensor(TileKV{}));
-  auto load_kv = [&](int n, int st) {
-    auto dk = sK(st);
-    auto dv = sV(st);
-    copy_tile<true, true, true>(gload, gl.partition_S(gK(_, _, n)), gl.partition_D(dk), cKV, s.sk - n * kBlockN, f.d_qk);
-    copy_tile<true, true, true>(gload, gl.partition_S(gV(_, _, n)), gl.partition_D(dv), cKV, s.sk - n * kBlockN, f.d_v);
-  };
+  auto load_kv = [&](int n, int st) { load_key_tile<T>(f, s, b, hk, n * kBlockN, sK(st), sV(st), tid); };
 
   load_query_tile<T>(p, s, b, h, m0, sQ, sdO, sLse, sDsum, tid);
   if (n_max > n_min) load_kv(n_max - 1, 0);

@@ -67,12 +67,8 @@ struct BwdTraitsSm90 {
   using SmemLayoutdS =
       decltype(composition(SmemLayoutdSt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));
 
-  static constexpr int kThreadsPerRow = 8;  // 64-element rows, 16 bytes a thread
-  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, _8>>{}));
+  using GmemLoad = typename GmemCopies<Element, kThreads, 64>::Load;
+  using GmemStore = typename GmemCopies<Element, kThreads, 64>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;

@@ -1,7 +1,7 @@
-// Small CuTe helpers shared by the attention kernels: predicated tile copies, the two mma.sync tile
-// products (shared x shared, register x shared) with the next k-slice's fragments loaded ahead, the
-// wgmma product, and the views of an accumulator as (rows, cols) and as the A operand of the next
-// product.
+// Small CuTe helpers shared by the attention kernels: the global-memory copy types, predicated tile
+// copies, the two mma.sync tile products (shared x shared, register x shared) with the next
+// k-slice's fragments loaded ahead, the wgmma product, and the views of an accumulator as
+// (rows, cols) and as the A operand of the next product.
 #pragma once
 
 #include <type_traits>
@@ -39,6 +39,18 @@ __device__ __forceinline__ void copy_tile(const TiledCopy& tc, const TS& src, TD
     }
   }
 }
+
+// 16-byte global-memory copies of tiles whose swizzle chunk is kChunk elements wide: kChunk / 8
+// threads to a chunk row, 8 elements each; loads by cp.async past L1, stores plain.
+template <class Element, int kThreads, int kChunk>
+struct GmemCopies {
+  static constexpr int kThreadsPerRow = kChunk / 8;
+  using Threads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using Load = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, Threads{},
+                                        Layout<Shape<_1, _8>>{}));
+  using Store = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, Threads{},
+                                         Layout<Shape<_1, _8>>{}));
+};
 
 // acc += A * B with both operands in shared memory (sA, sB: this thread's ldmatrix partitions);
 // the k-slice k+1 is loaded while k multiplies.
