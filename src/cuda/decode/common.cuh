@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/score_mod.hpp"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
@@ -73,21 +74,6 @@ struct BlockAt {
 __device__ __forceinline__ BlockAt block_at(const Params& p, int chunks) {
   const int g = blockIdx.x % p.heads_kv, bc = blockIdx.x / p.heads_kv;
   return {bc / chunks, bc % chunks, g, static_cast<int>(blockIdx.z)};
-}
-
-// Programmatic dependent launch (sm_90+): the counter-clearing kernel lets the split kernel
-// start early, and the split kernel waits for the cleared counters only before it first touches
-// them. Both are no-ops without the launch attribute and on older GPUs.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 
 // The end of every split-KV block: WARPS partial states per query row, in shared memory as

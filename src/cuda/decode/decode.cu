@@ -11,6 +11,7 @@
 #include "cuda/decode/combine_kernel.cuh"
 #include "cuda/decode/gqa_mma_kernel.cuh"
 #include "cuda/decode/split_kv_kernel.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/runtime.hpp"
 
 namespace tileattn::cuda {
@@ -135,26 +136,12 @@ Layout layout(const Problem& p, const Options& o) {
   return w;
 }
 
-// The split kernel; with splits, after the kernel that zeroes its arrival counters, as that
-// kernel's programmatic dependent where the device has them (its blocks start while the counters
-// are cleared and wait for them on the device only before counting their own arrival).
+// The split kernel; with splits, after the kernel that zeroes its arrival counters
+// (dependent_launch.cuh: its blocks wait for the zeroes only before counting their own arrival).
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(k.threads);
-  cfg.dynamicSmemBytes = k.smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 0;
-  if (w.splits > 1) {
-    decoding::clear_counters<<<1, 256, 0, s>>>(prm.arrivals, w.groups);
-    check_launch("decode counters");
-    cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
-  }
-  check(cudaLaunchKernelEx(&cfg, k.fn, prm), "decode split-kv launch");
+  if (w.splits > 1) return launch_after_clearing(prm.arrivals, w.groups, k.fn, grid, dim3(k.threads), k.smem, s, prm);
+  k.fn<<<grid, k.threads, k.smem, s>>>(prm);
+  check_launch("decode split-kv launch");
 }
 
 template <class T>

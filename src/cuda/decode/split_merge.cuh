@@ -13,14 +13,6 @@
 
 namespace tileattn::cuda::decoding {
 
-// Zeroes a call's arrival counters. Launched right before the split kernel, which starts as its
-// programmatic dependent and waits for it only before counting its own arrival, so the clearing
-// overlaps the split kernel's work.
-__global__ void clear_counters(int* counters, int n) {
-  allow_dependent_launch();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
-}
-
 // Columns c .. c + V - 1 of output row (b, i, h), merged over every split: the splits' LSEs and
 // partials are read kBatch splits at a time, all loads of a batch independent of each other.
 template <class T, int V, int kBatch>

@@ -1,0 +1,55 @@
+// Kernels that count on zeroed counters (work claimed tile by tile, arrivals of split blocks):
+// a one-block kernel zeroes the counters and, through programmatic dependent launch (sm_90+),
+// lets the counting kernel start at once; that kernel waits for the zeroes on the device only
+// before it first touches them. Without the launch attribute, or before sm_90, the device calls
+// are no-ops and the two kernels run one after the other.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "cuda/runtime.hpp"
+
+namespace tileattn::cuda {
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <class = void>
+__global__ void clear_counters(int* counters, int n) {
+  allow_dependent_launch();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
+}
+
+// Zeroes counters[0, n) on stream s, then launches kernel<<<grid, block, smem, s>>>(args...) as the
+// clearing kernel's programmatic dependent.
+template <class... Params, class... Args>
+void launch_after_clearing(int* counters, int n, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                           cudaStream_t s, Args&&... args) {
+  clear_counters<<<1, 256, 0, s>>>(counters, n);
+  check_launch("clearing the work counters");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "launching a kernel after its counters' clearing");
+}
+
+}  // namespace tileattn::cuda
