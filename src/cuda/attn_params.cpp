@@ -33,6 +33,8 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
   p.group = pr.group();
   p.seqlen_q = pr.seqlen_q;
   p.seqlen_k = pr.seqlen_k;
+  p.q_rows = static_cast<int>(t.q.shape[pr.varlen ? 0 : 1]);
+  p.k_rows = static_cast<int>(t.k.shape[pr.varlen ? 0 : 1]);
   p.d_qk = pr.hdim_qk;
   p.d_v = pr.hdim_v;
   p.scale = pr.scale;

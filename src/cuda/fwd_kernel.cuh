@@ -15,6 +15,7 @@
 #include "common/mask.hpp"
 #include "cuda/cute_utils.cuh"
 #include "cuda/fwd_params.hpp"
+#include "cuda/fwd_tile.cuh"
 #include "cuda/online_softmax.cuh"
 #include "cuda/score_tile.cuh"
 
@@ -49,12 +50,8 @@ struct FwdTraits {
   using LdsmTransAtom = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using StoreOAtom = Copy_Atom<UniversalCopy<Element>, Element>;
 
-  static constexpr int kThreadsPerRow = kChunk / 8;
-  using GmemThreads = Layout<Shape<Int<kThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, _8>>{}));
+  using GmemLoad = typename GmemCopies<Element, kThreads, kChunk>::Load;
+  using GmemStore = typename GmemCopies<Element, kThreads, kChunk>::Store;
 
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
 };
@@ -67,25 +64,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
   extern __shared__ __align__(128) char smem[];
 
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest causal tiles start first
-  const int b = blockIdx.y, h = blockIdx.z, hk = h / p.group;
+  // The longest causal tiles start first.
+  const FwdTile g = fwd_tile<kBlockM, kBlockN>(p, int(gridDim.x) - 1 - int(blockIdx.x), blockIdx.y, blockIdx.z);
+  if (!g.has_rows()) return;
+  const int b = g.b, h = g.h, hk = g.hk, q_start = g.q_start, k_start = g.k_start, sq = g.sq, sk = g.sk;
+  const int m_block = g.m_block, m0 = g.m0, rows = g.rows, n_min = g.n_min, n_max = g.n_max;
+  const Mask& mask = g.mask;
   const int tid = threadIdx.x;
-
-  int q_start = 0, k_start = 0, sq = p.seqlen_q, sk = p.seqlen_k;
-  if (p.cu_q != nullptr) {
-    q_start = p.cu_q[b];
-    sq = p.cu_q[b + 1] - q_start;
-    k_start = p.cu_k[b];
-    sk = p.cu_k[b + 1] - k_start;
-  }
-  const int m0 = m_block * kBlockM;
-  if (m0 >= sq) return;
-  const int rows = min(kBlockM, sq - m0);
-  const Mask mask(sq, sk, p.bottom_right, p.window_left, p.window_right);
-  const int key_lo = max(mask.block_key_begin(m0), 0);
-  const int key_hi = min(mask.block_key_end(m0 + rows), sk);
-  const int n_min = key_lo / kBlockN;
-  const int n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch + std::int64_t(q_start) * p.q_row + h * p.q_head;
   const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch + std::int64_t(k_start) * p.k_row + hk * p.k_head;

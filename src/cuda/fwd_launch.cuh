@@ -2,15 +2,18 @@
 // instantiation units only.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
 #include <cutlass/numeric_types.h>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/element.cuh"
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/fwd_kernel_sm90.cuh"
 #include "cuda/fwd_launch.hpp"
+#include "cuda/runtime.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -26,17 +29,22 @@ template <class E> struct FwdConfig<E, 96> { using type = FwdTraits<E, 96, 128, 
 template <class E> struct FwdConfig<E, 128> { using type = FwdTraits<E, 128, 128, 64, 4>; };
 template <class E> struct FwdConfig<E, 192> { using type = FwdTraits<E, 192, 128, 64, 8>; };
 template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 64, 64, 4>; };
-
-// Hopper: 64 query rows per warpgroup. Key tiles as wide as the registers allow: the S accumulators
-// (block_n / 2 per thread) sit beside O's (head_dim / 2). Head dim 64 runs the portable kernel,
-// which beat every wgmma variant there (two warpgroups per block: 0.76-0.99x FlashAttention-2; one
-// per block, two blocks per SM: 0.79-1.06x, 5% behind the portable kernel at 8k-16k keys and 10-30%
-// at 512; bench/notes/forward.md).
-template <class E, int D> struct FwdConfigSm90 { using type = void; };
-template <class E> struct FwdConfigSm90<E, 96> { using type = FwdTraitsSm90<E, 96, 128, 128>; };
-template <class E> struct FwdConfigSm90<E, 128> { using type = FwdTraitsSm90<E, 128, 128, 128>; };
-template <class E> struct FwdConfigSm90<E, 192> { using type = FwdTraitsSm90<E, 192, 128, 96>; };
-template <class E> struct FwdConfigSm90<E, 256> { using type = FwdTraitsSm90<E, 256, 128, 64>; };
+// Hopper: 128 query rows (two consumer warpgroups) and two stages of K and V; key tiles as wide as
+// registers and shared memory allow: the S accumulators (block_n / 2 per thread) sit beside O's
+// (head_dim / 2). At head dim 128, 176-key tiles or three stages (either leaves O no buffer of its
+// own) measured slower on nearly every row (bench/notes/forward.md).
+template <class E, int D> struct FwdConfigSm90;
+template <class E> struct FwdConfigSm90<E, 64> { using type = FwdTraitsSm90<E, 64, 128>; };
+template <class E> struct FwdConfigSm90<E, 96> { using type = FwdTraitsSm90<E, 96, 128>; };
+template <class E> struct FwdConfigSm90<E, 128> { using type = FwdTraitsSm90<E, 128, 128>; };
+template <class E> struct FwdConfigSm90<E, 192> { using type = FwdTraitsSm90<E, 192, 112>; };
+template <class E> struct FwdConfigSm90<E, 256> { using type = FwdTraitsSm90<E, 256, 80>; };
+// Head dim 64 with long sequences: three consumer warpgroups (192 query rows). Measured 5-9%
+// faster from 2k keys without a mask and from 8k with one; shorter, the last tile's unused rows
+// and the wider tiles across the diagonal cost more than the third warpgroup gains
+// (bench/notes/forward.md).
+template <class E, int D> struct FwdConfigSm90Tall { using type = void; };
+template <class E> struct FwdConfigSm90Tall<E, 64> { using type = FwdTraitsSm90<E, 64, 128, 192>; };
 
 inline void throw_on(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("tileattn::forward: ") + what + ": " + cudaGetErrorString(e));
@@ -64,16 +72,38 @@ void launch_variant(const FwdParams& p, const FwdGrid& g) {
 }
 
 template <class T, bool kMods, bool kEvenK> struct Portable { static constexpr auto fn = fwd_kernel<T, kMods, kEvenK>; };
-template <class T, bool kMods, bool kEvenK> struct Hopper { static constexpr auto fn = fwd_kernel_sm90<T, kMods, kEvenK>; };
+
+// One persistent block per SM (fewer when there are fewer tiles); TMA needs no column checks.
+template <class T, bool kMods>
+void launch_sm90(const FwdParams& p, const FwdGrid& g) {
+  auto kernel = fwd_kernel_sm90<T, kMods>;
+  throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
+           "raising the kernel's shared-memory limit");
+  const FwdTmaSm90<T> tma = make_fwd_tma<T>(p, g.batch);
+  const int m_blocks = (g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const TileScheduler sched{m_blocks, g.heads_q, m_blocks * g.batch * g.heads_q, g.tile_counter};
+  const int grid = sched.num_tiles < device_sm_count() ? sched.num_tiles : device_sm_count();
+  if (g.tile_counter != nullptr) {
+    launch_after_clearing(g.tile_counter, 1, kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, g.stream, p, tma,
+                          sched);
+    return;
+  }
+  kernel<<<grid, T::kThreads, T::kSmemBytes, g.stream>>>(p, tma, sched);
+  throw_on(cudaGetLastError(), "launching the forward kernel");
+}
 
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
 #ifdef TILEATTN_CUDA_SM90A
   using H = typename FwdConfigSm90<E, kHeadDim>::type;
-  if constexpr (!std::is_void_v<H>) {
-    if (g.sm90a) return launch_variant<H, Hopper>(p, g);
+  using Tall = typename FwdConfigSm90Tall<E, kHeadDim>::type;
+  if constexpr (!std::is_void_v<Tall>) {
+    const bool masked = g.tile_counter != nullptr;  // a mask or varlen: the tiles differ in cost
+    if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048))
+      return g.mods ? launch_sm90<Tall, true>(p, g) : launch_sm90<Tall, false>(p, g);
   }
+  if (g.sm90a) return g.mods ? launch_sm90<H, true>(p, g) : launch_sm90<H, false>(p, g);
 #endif
   launch_variant<typename FwdConfig<E, kHeadDim>::type, Portable>(p, g);
 }

@@ -2,6 +2,8 @@
 // defined in generated translation units (see CMakeLists.txt) and listed in instances.inc.
 #pragma once
 
+#include <cstddef>
+
 #include <cuda_runtime.h>
 
 #include "cuda/fwd_params.hpp"
@@ -13,8 +15,12 @@ struct FwdGrid {
   int batch, heads_q, max_seqlen_q;
   bool mods;  // softcap, ALiBi, dropout or a non-positive scale: the kernel variant that applies them
   bool sm90a;  // run the Hopper kernel (where built)
+  int* tile_counter;  // Hopper kernel: claim tiles from this counter (zeroed by the launch); nullptr: static order
   cudaStream_t stream;
 };
+
+// The scratch of a forward call that claims its tiles: the counter, alone in its 256 bytes.
+inline constexpr std::size_t kTileCounterBytes = 256;
 
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g);

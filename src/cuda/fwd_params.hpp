@@ -21,6 +21,7 @@ struct FwdParams {
   const int *cu_q, *cu_k;  // nullptr unless varlen
   int heads_q, group;      // group = heads_q / heads_kv
   int seqlen_q, seqlen_k;  // batched: the lengths; varlen: unused bounds
+  int q_rows, k_rows;      // rows of q and of k, v per batch entry: the lengths, or the packed totals (varlen)
   int d_qk, d_v;           // actual head dims (the kernel's tile may be wider)
   float scale, scale_log2, softcap;
   bool bottom_right;

@@ -173,13 +173,8 @@ struct OnDevice {
 
 double floor_for(DType t) { return t == DType::f16 ? 2e-4 : 1e-3; }
 
-// Runs one case on the GPU and checks out and lse against the oracle.
-void check_case(const Case& c, std::uint64_t seed) {
-  SCOPED_TRACE("case: " + c.str() + ", seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  Problem3 p(c, rng);
-  OnDevice d(p);
-  d.run();
+// Checks the device's out and lse of problem p against the oracle.
+void expect_matches_oracle(const Problem3& p, const OnDevice& d) {
   HostTensor out = p.out, lse = p.lse;
   d.out.to_host(out);
   d.lse.to_host(lse);
@@ -190,10 +185,20 @@ void check_case(const Case& c, std::uint64_t seed) {
   const auto got_o = out.to_f64(), got_l = lse.to_f64();
   ASSERT_TRUE(test::all_finite(got_o)) << "out has a NaN or Inf";
   for (double x : got_l) ASSERT_FALSE(std::isnan(x) || x == INFINITY) << "lse has a NaN or +Inf";
-  const auto ro = test::check_rule(got_o, olp.to_f64(), o64.to_f64(), floor_for(c.dtype));
+  const auto ro = test::check_rule(got_o, olp.to_f64(), o64.to_f64(), floor_for(p.c.dtype));
   EXPECT_TRUE(ro.ok) << "out: " << ro.message;
   const auto rl = test::check_rule(got_l, llp.to_f64(), l64.to_f64(), 1e-3);
   EXPECT_TRUE(rl.ok) << "lse: " << rl.message;
+}
+
+// Runs one case on the GPU and checks out and lse against the oracle.
+void check_case(const Case& c, std::uint64_t seed) {
+  SCOPED_TRACE("case: " + c.str() + ", seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Problem3 p(c, rng);
+  OnDevice d(p);
+  d.run();
+  expect_matches_oracle(p, d);
 }
 
 class GpuForward : public ::testing::Test {
@@ -276,6 +281,82 @@ TEST_F(GpuForward, LongSequencesAndGqa) {
   d.hdim_v = 40;
   d.softcap = 30.f;
   check_case(d, seed + 4);
+}
+
+// More work tiles than the GPU has multiprocessors: the Hopper kernel's persistent blocks each walk
+// several tiles through their K/V pipeline and Q buffer (head dims 64 and 128 with O's own
+// buffer, 192 and 256 through Q's), with GQA, causal masks and varlen sequences.
+TEST_F(GpuForward, MoreTilesThanMultiprocessors) {
+  const std::uint64_t seed = test::fresh_seed();
+  Case c;
+  c.batch = 2;
+  c.heads_q = 16;
+  c.heads_kv = 4;
+  c.seqlen_q = 600;
+  c.seqlen_k = 700;
+  c.hdim_qk = c.hdim_v = 128;
+  check_case(c, seed);  // 5 query tiles x 2 x 16 heads = 160 tiles
+  c.causal = true;
+  c.dtype = DType::f16;
+  c.hdim_qk = c.hdim_v = 64;
+  check_case(c, seed + 1);
+  Case v;
+  v.varlen = true;
+  v.batch = 12;
+  v.heads_q = v.heads_kv = 12;
+  v.seqlen_q = 500;
+  v.seqlen_k = 520;
+  v.hdim_qk = v.hdim_v = 256;
+  v.causal = true;
+  check_case(v, seed + 2);  // up to 4 query tiles x 12 x 12 heads
+  v.hdim_qk = v.hdim_v = 192;
+  v.causal = false;
+  v.window_left = 150;
+  v.window_right = 40;
+  check_case(v, seed + 3);
+  // Head dim 64 over 2k query rows: the kernel with three consumer warpgroups.
+  Case t;
+  t.seqlen_q = 2100;
+  t.seqlen_k = 1900;
+  t.heads_q = 4;
+  t.heads_kv = 2;
+  check_case(t, seed + 4);
+}
+
+// Packed k and v may hold rows past the last sequence (cu_seqlens_k[batch] < rows). Whatever
+// they hold (NaN here) must not reach an output, although a key tile that ends past a sequence's
+// last key reads them.
+TEST_F(GpuForward, VarlenIgnoresRowsPastTheLastSequence) {
+  const std::uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128, 256}) {
+    Case c;
+    c.varlen = true;
+    c.batch = 3;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.seqlen_q = 150;
+    c.seqlen_k = 170;
+    c.hdim_qk = c.hdim_v = d;
+    SCOPED_TRACE("case: " + c.str() + ", seed " + std::to_string(seed));
+    Problem3 p(c, rng);
+    const std::int64_t rows = p.k.shape()[0];
+    HostTensor k(c.dtype, {rows + 40, c.heads_kv, d}), v(c.dtype, {rows + 40, c.heads_kv, d});
+    k.poison();
+    v.poison();
+    for (std::int64_t i = 0; i < p.k.numel(); ++i) {
+      k.set(i, p.k.get(i));
+      v.set(i, p.v.get(i));
+    }
+    OnDevice on(p);
+    const DeviceTensor dk(k), dv(v);
+    ForwardArgs a = on.args();
+    a.k = dk.view();
+    a.v = dv.view();
+    forward(a);
+    test::device_synchronize();
+    expect_matches_oracle(p, on);
+  }
 }
 
 // seqlen_q > seqlen_k with bottom-right causal leaves the first rows without keys: out = 0,

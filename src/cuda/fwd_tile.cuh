@@ -1,0 +1,52 @@
+// Where one forward work tile (a query tile of one sequence and head) lies: its rows, the
+// sequence's bounds and mask, and the range of key tiles it must visit. Every forward kernel and
+// every role inside one (the Hopper kernel's producer and consumers) derives it the same way.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/mask.hpp"
+#include "cuda/fwd_params.hpp"
+
+namespace tileattn::cuda {
+
+struct FwdTile {
+  int m_block, b, h, hk;
+  int q_start, k_start;  // the sequence's first row in q and in k, v (varlen; 0 otherwise)
+  int sq, sk;            // the sequence's lengths
+  int m0, rows;          // the tile's first query row and how many of its rows exist (<= 0: none)
+  int n_min, n_max;      // key tiles [n_min, n_max) hold every key a row of the tile sees
+  Mask mask;
+
+  __device__ bool has_rows() const { return rows > 0; }
+  __device__ bool has_keys() const { return n_max > n_min; }
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int b, int h) {
+  FwdTile t;
+  t.m_block = m_block;
+  t.b = b;
+  t.h = h;
+  t.hk = h / p.group;
+  t.q_start = 0, t.k_start = 0, t.sq = p.seqlen_q, t.sk = p.seqlen_k;
+  if (p.cu_q != nullptr) {
+    t.q_start = p.cu_q[b];
+    t.sq = p.cu_q[b + 1] - t.q_start;
+    t.k_start = p.cu_k[b];
+    t.sk = p.cu_k[b + 1] - t.k_start;
+  }
+  t.m0 = m_block * kBlockM;
+  t.rows = min(kBlockM, t.sq - t.m0);
+  t.mask = Mask(t.sq, t.sk, p.bottom_right, p.window_left, p.window_right);
+  t.n_min = t.n_max = 0;
+  if (t.rows > 0) {
+    const int key_lo = max(t.mask.block_key_begin(t.m0), 0);
+    const int key_hi = min(t.mask.block_key_end(t.m0 + t.rows), t.sk);
+    t.n_min = key_lo / kBlockN;
+    t.n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : t.n_min;
+  }
+  return t;
+}
+
+}  // namespace tileattn::cuda
