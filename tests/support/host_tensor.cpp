@@ -127,6 +127,15 @@ double round_to(DType t, double v) {
   return v;
 }
 
+double ulp_at_max(DType t, const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  if (m == 0) return 0;
+  const int bits = t == DType::f16 ? 10 : t == DType::bf16 ? 7 : t == DType::f32 ? 23 : 52;
+  return std::ldexp(1.0, std::ilogb(m) - bits);
+}
+
 double rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {

@@ -46,6 +46,8 @@ HostTensor int_tensor(const std::vector<std::int32_t>& values);
 
 // Rounds each value to the dtype and back.
 double round_to(DType t, double v);
+// One unit in the last place of dtype t at the largest finite magnitude in v.
+double ulp_at_max(DType t, const std::vector<double>& v);
 
 // ||x - ref|| / max(||ref||, tiny); infinity if x has a NaN or Inf where ref is finite.
 double rel_error(const std::vector<double>& x, const std::vector<double>& ref);
