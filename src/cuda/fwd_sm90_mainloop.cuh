@@ -89,9 +89,9 @@ struct FwdTraitsSm90 {
   static constexpr int kOffsetV = kOffsetK + kStages * kTileKVBytes;
   static constexpr int kOffsetO = kOffsetV + kStages * kTileKVBytes;
   // O goes out through a buffer of its own where one fits (16-byte stores); otherwise straight from
-  // the accumulators (4-byte stores, half of each 32-byte sector a warp writes), which beats sharing
-  // a buffer with Q (refilled only after the epilogue) or with V (written only once both warpgroups
-  // are done with it).
+  // the accumulators (4-byte stores, half of each 32-byte sector a warp writes): sharing Q's buffer
+  // would hold the next tile's Q back until the epilogue ends, sharing V's would wait for both
+  // warpgroups to be done with V.
   static constexpr bool kOwnO = kOffsetO + kTileQBytes + 1024 <= 227 * 1024;
   static constexpr int kOffsetBarriers = kOffsetO + (kOwnO ? kTileQBytes : 0);
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(FwdBarriersSm90<kStages>));
