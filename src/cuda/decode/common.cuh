@@ -11,10 +11,6 @@
 
 namespace tileattn::cuda::decoding {
 
-// The most splits merged in one thread-block cluster: the largest cluster Hopper places (8
-// without the non-portable opt-in).
-constexpr int kMaxClusterSplits = 16;
-
 // Everything a block needs; plain data passed by value.
 struct Params {
   const void* q;  // [batch, seqlen_q, heads_q, hdim_qk] (possibly rotated copy)
@@ -33,10 +29,8 @@ struct Params {
   std::int64_t l_b, l_h, l_i;
   float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
   float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
-  int* arrivals;  // splits > 1 without a cluster: split blocks finished per blockIdx.x (the last one
-                  // merges the partials), zeroed by the kernel launched just before the split kernel
-  bool cluster;   // the splits of a blockIdx.x form one thread-block cluster and merge through
-                  // distributed shared memory (out_partial, lse_partial and arrivals unused)
+  int* arrivals;  // splits > 1: split blocks finished per blockIdx.x (the last one merges the partials),
+                  // zeroed by the kernel launched just before the split kernel
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
@@ -82,28 +76,11 @@ __device__ __forceinline__ BlockAt block_at(const Params& p, int chunks) {
   return {bc / chunks, bc % chunks, g, static_cast<int>(blockIdx.z)};
 }
 
-// Shared memory at the end of a split-KV block (the K/V ring, reused): WARPS partial states per
-// query row, acc [WARPS][ROWS][D] (unnormalized outputs) and ml [WARPS][ROWS][2] (max and sum,
-// log2 units), then the block's merged partial, part [ROWS][D] and part_lse [ROWS], which the
-// other blocks of a cluster read.
-template <int ROWS, int WARPS, int D>
-struct MergeScratch {
-  static constexpr std::size_t kBytes = (WARPS * ROWS * D + WARPS * ROWS * 2 + ROWS * D + ROWS) * sizeof(float);
-  float* acc;
-  float* ml;
-  float* part;
-  float* part_lse;
-  __device__ explicit MergeScratch(void* smem)
-      : acc(static_cast<float*>(smem)),
-        ml(acc + WARPS * ROWS * D),
-        part(ml + WARPS * ROWS * 2),
-        part_lse(part + ROWS * D) {}
-};
-
-// The warps' states merged and written as the final output (one split), into the block's own
-// shared memory (a cluster merge follows), or as this split's partial in global memory.
+// The end of every split-KV block: WARPS partial states per query row, in shared memory as
+// s_acc [WARPS][ROWS][D] (unnormalized outputs) and s_ml [WARPS][ROWS][2] (max and sum, log2
+// units), merged and written as the final output (one split) or as this split's partial.
 template <class T, int ROWS, int WARPS, int D>
-__device__ void merge_and_store(const Params& p, const MergeScratch<ROWS, WARPS, D>& s, int b, int g, int chunk, int split) {
+__device__ void merge_and_store(const Params& p, const float* s_acc, const float* s_ml, int b, int g, int chunk, int split) {
   const float kNegInf = -CUDART_INF_F;
   const int group = p.heads_q / p.heads_kv, rows_total = p.seqlen_q * group;
   const std::int64_t bh_rows = static_cast<std::int64_t>(p.batch) * p.seqlen_q * p.heads_q;
@@ -112,14 +89,14 @@ __device__ void merge_and_store(const Params& p, const MergeScratch<ROWS, WARPS,
     if (chunk * ROWS + r >= rows_total || c >= p.hdim_v) continue;
     float mm = kNegInf;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, s.ml[(w * ROWS + r) * 2]);
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, s_ml[(w * ROWS + r) * 2]);
     float ll = 0.f, o = 0.f;
     if (mm != kNegInf) {
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) {
-        const float a = exp2f(s.ml[(w * ROWS + r) * 2] - mm);
-        ll += a * s.ml[(w * ROWS + r) * 2 + 1];
-        o += a * s.acc[(w * ROWS + r) * D + c];
+        const float a = exp2f(s_ml[(w * ROWS + r) * 2] - mm);
+        ll += a * s_ml[(w * ROWS + r) * 2 + 1];
+        o += a * s_acc[(w * ROWS + r) * D + c];
       }
     }
     const float out = ll > 0.f ? o / ll : 0.f;
@@ -130,9 +107,6 @@ __device__ void merge_and_store(const Params& p, const MergeScratch<ROWS, WARPS,
       T* op = static_cast<T*>(p.out) + b * p.o_b + i * p.o_i + h * p.o_h;
       op[c] = from_float<T>(out);
       if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = lse;
-    } else if (p.cluster) {
-      s.part[r * D + c] = out;
-      if (c == 0) s.part_lse[r] = lse;
     } else {
       const std::int64_t row = (static_cast<std::int64_t>(b) * p.seqlen_q + i) * p.heads_q + h;
       p.out_partial[(split * bh_rows + row) * p.hdim_v + c] = out;

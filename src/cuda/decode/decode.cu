@@ -1,10 +1,9 @@
-// Host side of GPU decoding: append (+ rotary) and the split-KV pass (whose blocks also merge
-// the splits, split_merge.cuh), all stream-ordered with no host synchronization, so the call can
-// be captured in a CUDA graph.
+// Host side of GPU decoding: append (+ rotary) and the split-KV pass (whose last block per KV
+// head merges the splits), all stream-ordered with no host synchronization, so the call can be
+// captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
@@ -20,7 +19,6 @@ namespace {
 
 using decoding::AppendParams;
 using decoding::CombineParams;
-using decoding::kMaxClusterSplits;
 using decoding::Params;
 
 constexpr int kMinKeysPerSplit = 256;
@@ -38,39 +36,14 @@ struct Kernel {
   std::size_t smem;
   int rows;
   int per_sm = 0;  // resident blocks per SM
-  // Clusters resident at once, by cluster size (0: none; index 0 unused); all zero where the
-  // kernel was not built for sm_90 or newer.
-  std::array<int, kMaxClusterSplits + 1> clusters{};
 };
 
-// Once per kernel and process: its shared-memory limit and occupancy, alone and in clusters.
+// Once per kernel and process: its shared-memory limit and occupancy.
 Kernel configure(Kernel k) {
   check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)),
         "cudaFuncSetAttribute (decode shared memory)");
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.fn, k.threads, k.smem), "decode occupancy");
   k.per_sm = std::max(k.per_sm, 1);
-  // The cluster merge exists in code built for sm_90 or newer (PTX of an older target, JIT-compiled
-  // for a Hopper, has it compiled out).
-  cudaFuncAttributes attr{};
-  check(cudaFuncGetAttributes(&attr, k.fn), "cudaFuncGetAttributes (decode)");
-  if (std::min(attr.ptxVersion, attr.binaryVersion) < 90) return k;
-  check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "cudaFuncSetAttribute (decode clusters)");
-  for (int c = 2; c <= kMaxClusterSplits; ++c) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1, 1, c);
-    cfg.blockDim = dim3(k.threads);
-    cfg.dynamicSmemBytes = k.smem;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = c;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    // A size the device cannot place is an error here, not a reason to fail the call.
-    if (cudaOccupancyMaxActiveClusters(&k.clusters[c], k.fn, &cfg) != cudaSuccess) {
-      cudaGetLastError();
-      k.clusters[c] = 0;
-    }
-  }
   return k;
 }
 
@@ -139,53 +112,33 @@ int choose_splits(const Problem& p, const Options& o) {
 
 struct Layout {
   int splits;
-  int groups;    // blocks per split: (batch, row chunk, KV head)
-  bool cluster;  // the splits of a group merge as one cluster
+  int groups;  // blocks per split: (batch, row chunk, KV head)
   std::size_t out_partial, lse_partial, q_rot, arrivals, total;  // byte offsets and size
 };
 
-// The splits merge in a cluster where the kernel allows clusters of that size and all of the
-// call's clusters are resident at once (a cluster the device must place in a later wave would
-// cost a whole pass over its keys); otherwise through global memory.
 Layout layout(const Problem& p, const Options& o) {
   Layout w{};
   w.splits = choose_splits(p, o);
-  const Kernel k = select_kernel(p);
-  w.groups = p.batch * ((p.seqlen_q * p.group() + k.rows - 1) / k.rows) * p.heads_kv;
-  w.cluster = w.splits > 1 && w.splits <= kMaxClusterSplits && k.clusters[w.splits] >= w.groups;
-  const bool global_merge = w.splits > 1 && !w.cluster;
+  const int chunk_rows = select_kernel(p).rows;
+  w.groups = p.batch * ((p.seqlen_q * p.group() + chunk_rows - 1) / chunk_rows) * p.heads_kv;
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads_q;
   auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
   std::size_t at = 0;
   w.out_partial = at;
-  if (global_merge) at += align(w.splits * rows * p.hdim_v * sizeof(float));
+  if (w.splits > 1) at += align(w.splits * rows * p.hdim_v * sizeof(float));
   w.lse_partial = at;
-  if (global_merge) at += align(w.splits * rows * sizeof(float));
+  if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
   w.arrivals = at;
-  if (global_merge) at += align(static_cast<std::size_t>(w.groups) * sizeof(int));
+  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(int));
   w.total = at;
   return w;
 }
 
-// The split kernel: as clusters of its splits, or, with a global merge, after the kernel that
-// zeroes its arrival counters (dependent_launch.cuh: its blocks wait for the zeroes only before
-// counting their own arrival).
+// The split kernel; with splits, after the kernel that zeroes its arrival counters
+// (dependent_launch.cuh: its blocks wait for the zeroes only before counting their own arrival).
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
-  if (w.cluster) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(k.threads);
-    cfg.dynamicSmemBytes = k.smem;
-    cfg.stream = s;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = w.splits;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    return check(cudaLaunchKernelEx(&cfg, k.fn, prm), "decode split-kv launch (clusters)");
-  }
   if (w.splits > 1) return launch_after_clearing(prm.arrivals, w.groups, k.fn, grid, dim3(k.threads), k.smem, s, prm);
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv launch");
@@ -252,8 +205,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   }
   prm.out_partial = reinterpret_cast<float*>(ws + w.out_partial);
   prm.lse_partial = reinterpret_cast<float*>(ws + w.lse_partial);
-  if (w.splits > 1 && !w.cluster) prm.arrivals = reinterpret_cast<int*>(ws + w.arrivals);
-  prm.cluster = w.cluster;
+  if (w.splits > 1) prm.arrivals = reinterpret_cast<int*>(ws + w.arrivals);
   if (p.has_alibi) {
     prm.alibi = a.alibi_slopes.ptr<const float>();
     prm.alibi_b = p.alibi_per_batch ? a.alibi_slopes.stride[0] : 0;

@@ -4,7 +4,7 @@
 // cost nothing that matters next to the cache reads. Each warp takes
 // every WARPS-th block of 16 keys of the split and streams them through a private cp.async ring
 // (swizzled so the ldmatrix reads are conflict-free); warps merge their states at the end, and
-// with splits the blocks of a KV head merge the splits (split_merge.cuh).
+// with splits the last block of a KV head to finish merges the splits (split_merge.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,7 +28,7 @@ struct GqaMmaShape {
   static constexpr int kStages = 3;
   static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
   static constexpr std::size_t kRingBytes = WARPS * kStages * kStageBytes;
-  static constexpr std::size_t kMergeBytes = MergeScratch<kRows, WARPS, D>::kBytes;
+  static constexpr std::size_t kMergeBytes = (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float);
   static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
 };
 
@@ -239,23 +239,25 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
   }
-  const MergeScratch<ROWS, WARPS, D> scratch(smem_raw);
+  float* s_acc = reinterpret_cast<float*>(smem_raw);  // [WARPS][ROWS][D]
+  float* s_ml = s_acc + WARPS * ROWS * D;              // [WARPS][ROWS][2]
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int r = gi + 8 * hr;
     if (chunk * ROWS + r >= rows_total) continue;  // padding rows: nothing reads them
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
-      scratch.acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
-      scratch.acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti + 1] = o[nd][2 * hr + 1];
+      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
+      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti + 1] = o[nd][2 * hr + 1];
     }
     if (ti == 0) {
-      scratch.ml[(warp * ROWS + r) * 2] = m[hr];
-      scratch.ml[(warp * ROWS + r) * 2 + 1] = l[hr];
+      s_ml[(warp * ROWS + r) * 2] = m[hr];
+      s_ml[(warp * ROWS + r) * 2 + 1] = l[hr];
     }
   }
   __syncthreads();
-  finish_split<T, ROWS, WARPS, D, 16>(p, scratch, b, g, chunk, split);
+  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 16>(p, b, g, chunk);
 }
 
 }  // namespace tileattn::cuda::decoding

@@ -31,7 +31,7 @@ struct SplitKvShape {
   static constexpr int kStageKeys = kSlots * kUnroll;
   static constexpr int kStages = 4;
   static constexpr std::size_t kRingBytes = 2ull * kStages * kStageKeys * D * 2;
-  static constexpr std::size_t kMergeBytes = MergeScratch<ROWS, WARPS, D>::kBytes;
+  static constexpr std::size_t kMergeBytes = (WARPS * ROWS * D + WARPS * ROWS * 2) * sizeof(float);
   static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
 };
 
@@ -188,21 +188,23 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
       m[r] = mn;
     }
   }
-  const MergeScratch<ROWS, WARPS, D> scratch(smem_raw);
+  float* s_acc = reinterpret_cast<float*>(smem_raw);  // [WARPS][ROWS][D]
+  float* s_ml = s_acc + WARPS * ROWS * D;              // [WARPS][ROWS][2]
   if (lane < TPK) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) scratch.acc[(warp * ROWS + r) * D + c0 + c] = acc[r][c];
+      for (int c = 0; c < 8; ++c) s_acc[(warp * ROWS + r) * D + c0 + c] = acc[r][c];
       if (lane == 0) {
-        scratch.ml[(warp * ROWS + r) * 2] = m[r];
-        scratch.ml[(warp * ROWS + r) * 2 + 1] = l[r];
+        s_ml[(warp * ROWS + r) * 2] = m[r];
+        s_ml[(warp * ROWS + r) * 2 + 1] = l[r];
       }
     }
   }
   __syncthreads();
 
-  finish_split<T, ROWS, WARPS, D, 8>(p, scratch, b, g, chunk, split);
+  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
+  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 8>(p, b, g, chunk);
 }
 
 }  // namespace tileattn::cuda::decoding

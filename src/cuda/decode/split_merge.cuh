@@ -1,16 +1,9 @@
-// The end of a split call, inside the split kernel, in one of two forms. Both merge in split
-// order, so the result does not depend on which block finishes first.
-// - Cluster (sm_90, up to 16 splits): the splits of a (batch, row chunk, KV head) form one
-//   thread-block cluster; each block leaves its partial in its own shared memory and, after a
-//   cluster barrier, the blocks read each other's partials and write the final rows. No scratch,
-//   no counters, no round trip through L2.
-// - Global: the last block of a (batch, row chunk, KV head) to finish, found by an arrival count,
-//   merges every split's partial from global memory. A separate combine kernel cost a kernel
-//   boundary and a chain of dependent reads after the last split block (about 4.5 us on an H100);
-//   here only the arrival count and one round of reads remain.
+// The end of a split call, inside the split kernel: the last block of a (batch, row chunk, KV
+// head) to finish merges every split's partial output by its LSE. A separate combine kernel cost
+// a kernel boundary and a chain of dependent reads after the last split block (about 4.5 us on an
+// H100); here only the arrival count and one round of reads remain. The merge runs in split
+// order, so its result does not depend on which block arrives last.
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -100,59 +93,6 @@ __device__ void merge_splits_if_last(const Params& p, int b, int g, int chunk) {
     merge(std::integral_constant<int, 2>{});
   else
     merge(std::integral_constant<int, 1>{});
-}
-
-// The cluster form. Rank r of the cluster takes the r-th share of the chunk's (row, column)
-// outputs; a second barrier keeps every block's shared memory alive until all reads are done.
-template <class T, int ROWS, int THREADS, int D>
-__device__ void merge_splits_in_cluster(const Params& p, const float* part, const float* part_lse, int b, int g, int chunk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const float kNegInf = -CUDART_INF_F;
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial is in its block's shared memory
-  const int splits = p.splits, rank = static_cast<int>(cluster.block_rank());
-  const int group = p.heads_q / p.heads_kv, rows_total = p.seqlen_q * group;
-  const int rows = min(ROWS, rows_total - chunk * ROWS);
-  for (int e = rank * THREADS + threadIdx.x; e < rows * p.hdim_v; e += splits * THREADS) {
-    const int r = e / p.hdim_v, c = e % p.hdim_v;
-    float ls[kMaxClusterSplits], m = kNegInf;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      ls[s] = s < splits ? cluster.map_shared_rank(part_lse, s)[r] : kNegInf;
-      m = fmaxf(m, ls[s]);
-    }
-    float l = 0.f, acc = 0.f;
-    if (m != kNegInf) {
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        if (s >= splits) break;
-        const float w = __expf(ls[s] - m);  // 0 for an empty split (LSE -inf)
-        l += w;
-        acc += w * cluster.map_shared_rank(part, s)[r * D + c];
-      }
-    }
-    const int rr = chunk * ROWS + r, i = rr / group, h = g * group + rr % group;
-    static_cast<T*>(p.out)[b * p.o_b + i * p.o_i + h * p.o_h + c] = from_float<T>(l > 0.f ? acc / l : 0.f);
-    if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l > 0.f ? m + __logf(l) : kNegInf;
-  }
-  cluster.sync();
-#else
-  __trap();  // the host launches clusters only for kernels built for sm_90 or newer
-#endif
-}
-
-// The end of every split-KV block, after its warps' states are in s: the block's merged state
-// goes out (one split) or becomes its split's partial, which one of the two forms above merges.
-// BATCH: splits the global form reads at once.
-template <class T, int ROWS, int WARPS, int D, int BATCH>
-__device__ void finish_split(const Params& p, const MergeScratch<ROWS, WARPS, D>& s, int b, int g, int chunk, int split) {
-  merge_and_store<T, ROWS, WARPS, D>(p, s, b, g, chunk, split);
-  if (p.cluster) {
-    merge_splits_in_cluster<T, ROWS, WARPS * 32, D>(p, s.part, s.part_lse, b, g, chunk);
-  } else if (p.arrivals) {
-    merge_splits_if_last<T, ROWS, WARPS * 32, BATCH>(p, b, g, chunk);
-  }
 }
 
 }  // namespace tileattn::cuda::decoding
