@@ -136,8 +136,8 @@ int main() {
       std::printf(
           "{\"grid\": \"decode\", \"impl\": \"tileattn\", \"dtype\": \"bf16\", \"batch\": %d, \"seqlen_q\": 1, "
           "\"seqlen_k\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": false, \"page_size\": %s, "
-          "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f, \"graph_ms\": %.5f, \"call_ms\": %.5f}\n",
-          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps, graph_ms, call_ms);
+          "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f, \"graph_ms\": %.5f, \"call_ms\": %.5f, \"workspace_bytes\": %zu}\n",
+          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps, graph_ms, call_ms, ws_bytes);
       std::fflush(stdout);
       for (void* p : {q, k, v, out, lens, table, ws}) cudaFree(p);
     }
