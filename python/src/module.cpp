@@ -106,7 +106,7 @@ void bind_options(nb::module_& m) {
           "__init__",
           [](Options* o, std::optional<float> scale, bool causal, MaskAlign align, int window_left,
              int window_right, float softcap, float dropout_p, std::uint64_t seed, std::uint64_t offset,
-             bool deterministic, Backend backend, int num_splits, std::uintptr_t stream) {
+             bool deterministic, Backend backend, int num_splits, bool check_device_indices, std::uintptr_t stream) {
             new (o) Options();
             o->scale = scale;
             o->causal = causal;
@@ -120,12 +120,13 @@ void bind_options(nb::module_& m) {
             o->deterministic = deterministic;
             o->backend = backend;
             o->num_splits = num_splits;
+            o->check_device_indices = check_device_indices;
             o->stream = reinterpret_cast<void*>(stream);
           },
           nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "align"_a = MaskAlign::bottom_right,
           "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.f, "dropout_p"_a = 0.f, "seed"_a = 0,
           "offset"_a = 0, "deterministic"_a = false, "backend"_a = Backend::automatic, "num_splits"_a = 0,
-          "stream"_a = 0)
+          "check_device_indices"_a = true, "stream"_a = 0)
       .def_rw("scale", &Options::scale)
       .def_rw("causal", &Options::causal)
       .def_rw("align", &Options::align)
@@ -138,6 +139,7 @@ void bind_options(nb::module_& m) {
       .def_rw("deterministic", &Options::deterministic)
       .def_rw("backend", &Options::backend)
       .def_rw("num_splits", &Options::num_splits)
+      .def_rw("check_device_indices", &Options::check_device_indices)
       .def_prop_rw(
           "stream", [](const Options& o) { return reinterpret_cast<std::uintptr_t>(o.stream); },
           [](Options& o, std::uintptr_t s) { o.stream = reinterpret_cast<void*>(s); },

@@ -99,7 +99,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            check_device_indices=True):
     """Decoding against a KV cache. q (batch, seqlen_q, nheads, d); k_cache/v_cache
     (batch_cache, capacity, nheads_k, d), or (num_blocks, block_size, nheads_k, d) with block_table
     (batch, max_blocks_per_seq) int32. k/v (batch, seqlen_new, nheads_k, d) are written into the cache
@@ -107,7 +108,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     the whole capacity). cache_batch_idx (batch,) int32 picks each sequence's cache row. rotary_cos/sin
     (seqlen_ro >= capacity, rotary_dim / 2) in q's dtype rotate k at positions cache_seqlens + i and q
     at the same positions when causal or windowed, else at cache_seqlens. Returns out, or
-    (out, softmax_lse) with return_softmax_lse. No backward."""
+    (out, softmax_lse) with return_softmax_lse. No backward.
+    check_device_indices (tileattn's own): GPU-resident cache_seqlens and block_table are copied to
+    the host and checked before launch, one synchronization per call; pass False in serving loops
+    and CUDA graphs, where out-of-range values are then clamped rather than reported."""
     if cache_leftpad is not None:
         raise NotImplementedError("tileattn: flash_attn_with_kvcache(cache_leftpad=...) is not supported")
     q, k, v = (contiguous_last(x) for x in (q, k, v))
@@ -128,11 +132,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         from . import _torch_ops
         out, lse = _torch_ops.decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,
                                      rotary_interleaved, alibi_slopes, softmax_scale, causal, window_left,
-                                     window_right, softcap, num_splits, _config.backend)
+                                     window_right, softcap, num_splits, check_device_indices, _config.backend)
     else:
         out, lse = _functional.decode(
             q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, page_table=page_table,
             rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
             alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal, window_left=window_left,
-            window_right=window_right, softcap=softcap, num_splits=num_splits, backend=_config.backend)
+            window_right=window_right, softcap=softcap, num_splits=num_splits,
+            check_device_indices=check_device_indices, backend=_config.backend)
     return (out, lse) if return_softmax_lse else out

@@ -21,7 +21,7 @@ _BACKENDS = {
 
 def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, window_right=-1,
             softcap=0.0, dropout_p=0.0, seed=0, offset=0, deterministic=False, backend="auto",
-            num_splits=0):
+            num_splits=0, check_device_indices=True):
     """A tileattn.Options for a call on like's device, ordered on its library's current stream."""
     if isinstance(backend, str):
         if backend not in _BACKENDS:
@@ -32,7 +32,7 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
         align=_C.MaskAlign.top_left if top_left else _C.MaskAlign.bottom_right,
         window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
         seed=seed, offset=offset, deterministic=deterministic, backend=backend,
-        num_splits=num_splits, stream=current_stream(like))
+        num_splits=num_splits, check_device_indices=check_device_indices, stream=current_stream(like))
 
 
 def _workspace(like, size_fn, *args, **kwargs):

@@ -89,18 +89,18 @@ def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tenso
               cache_seqlens: Optional[Tensor], page_table: Optional[Tensor], rotary_cos: Optional[Tensor],
               rotary_sin: Optional[Tensor], rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
               scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-              num_splits: int, backend: str) -> Tuple[Tensor, Tensor]:
+              num_splits: int, check_device_indices: bool, backend: str) -> Tuple[Tensor, Tensor]:
     """Returns (out, lse); writes k_new/v_new into the caches when given."""
     return _functional.decode(
         q, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens, page_table=page_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         alibi_slopes=alibi_slopes, scale=scale, causal=causal, window_left=window_left, window_right=window_right,
-        softcap=softcap, num_splits=num_splits, backend=backend)
+        softcap=softcap, num_splits=num_splits, check_device_indices=check_device_indices, backend=backend)
 
 
 @decode_op.register_fake
 def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-      alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, backend):
+      alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
     out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],))
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
@@ -114,8 +114,8 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, backend):
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
     return decode_op(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin,
                      bool(rotary_interleaved), alibi_slopes,
                      None if scale is None else float(scale), bool(causal), int(window_left), int(window_right),
-                     float(softcap), int(num_splits), backend)
+                     float(softcap), int(num_splits), bool(check_device_indices), backend)

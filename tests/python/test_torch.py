@@ -6,6 +6,7 @@ skips the test that needs it, with the backend's message as the reason.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -349,6 +350,22 @@ def test_current_stream_is_used(gen):
         got = run("cuda", "forward", tileattn.flash_attn_func, q, k, v, causal=True)
     side.synchronize()
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_unchecked_device_indices(gen):
+    """check_device_indices=False skips the host copy of GPU-resident lengths: the same answer for
+    valid ones, and a length past the capacity is clamped to it instead of raising."""
+    dtype = torch.bfloat16
+    q, k_cache, v_cache, _, _, lens = _cache_inputs(gen, "cuda", dtype, b=3, cap=64)
+    call = lambda lens, check: tileattn.flash_attn_with_kvcache(  # noqa: E731
+        q, k_cache, v_cache, cache_seqlens=lens, check_device_indices=check)
+    torch.testing.assert_close(call(lens, False), call(lens, True), atol=0, rtol=0)
+    too_long = torch.tensor([0, 17, 64 + 5], dtype=torch.int32, device="cuda")
+    with pytest.raises(tileattn.Error, match=re.escape("cache_seqlens[2] = 69 plus 0 appended rows exceeds")):
+        call(too_long, True)
+    full = torch.tensor([0, 17, 64], dtype=torch.int32, device="cuda")
+    torch.testing.assert_close(call(too_long, False), call(full, True), atol=0, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
