@@ -37,37 +37,45 @@ def median_ms(fn, warmup=5, reps=40):
 
 def peer_rows():
     """Each peer reads the GQA cache natively (enable_gqa) where its backend takes that; a backend
-    that rejects it gets K/V expanded to equal head counts (materialized before timing)."""
+    that rejects it gets K/V expanded to equal head counts (materialized before timing). Both cache
+    layouts: "bhsd" ([batch, heads, kv, d], SDPA's own) and "bshd" ([batch, kv, heads, d], a
+    serving engine's, passed to SDPA as transposed views)."""
     rows = []
     for batch, kv, hq, hkv in GRID:
         g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(batch, hq, 1, HDIM, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(batch, hkv, kv, HDIM, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(batch, hkv, kv, HDIM, device="cuda", dtype=torch.bfloat16, generator=g)
         bytes_kv = 2 * batch * kv * hkv * HDIM * 2  # what a GQA-aware kernel must read
-        for name, backend in PEERS.items():
-            ms, how = None, None
-            for how in (("native GQA", "expanded K/V") if hq != hkv else ("equal heads",)):
-                try:
-                    with sdpa_kernel(backend):
-                        if how == "expanded K/V":
-                            ke = k.repeat_interleave(hq // hkv, dim=1).contiguous()
-                            ve = v.repeat_interleave(hq // hkv, dim=1).contiguous()
-                            ms = median_ms(lambda: F.scaled_dot_product_attention(q, ke, ve))
-                            del ke, ve
-                        else:
-                            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv))
-                    break
-                except RuntimeError as e:
-                    print(f"# {name} {how} unavailable for {batch}x{kv} {hq}/{hkv}: {str(e).splitlines()[0]}",
-                          file=sys.stderr)
-            if ms is None:
-                continue
-            rows.append(dict(grid="decode", impl=name, dtype="bf16", batch=batch, seqlen_q=1, seqlen_k=kv,
-                             heads_q=hq, heads_kv=hkv, hdim=HDIM, causal=False, page_size=None, ms=ms,
-                             tflops=None, tbps=bytes_kv / (ms * 1e-3) / 1e12, peer_kv=how))
-        del q, k, v
-        torch.cuda.empty_cache()
+        for layout in ("bhsd", "bshd"):
+            if layout == "bhsd":
+                q, k, v = (torch.randn(batch, h, n, HDIM, device="cuda", dtype=torch.bfloat16, generator=g)
+                           for h, n in ((hq, 1), (hkv, kv), (hkv, kv)))
+            else:
+                q, k, v = (torch.randn(batch, n, h, HDIM, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+                           for h, n in ((hq, 1), (hkv, kv), (hkv, kv)))
+            for name, backend in PEERS.items():
+                ms, how = None, None
+                for how in (("native GQA", "expanded K/V") if hq != hkv else ("equal heads",)):
+                    try:
+                        with sdpa_kernel(backend):
+                            if how == "expanded K/V":
+                                ke = k.repeat_interleave(hq // hkv, dim=1)
+                                ve = v.repeat_interleave(hq // hkv, dim=1)
+                                if layout == "bshd":
+                                    ke, ve = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (ke, ve))
+                                ms = median_ms(lambda: F.scaled_dot_product_attention(q, ke, ve))
+                                del ke, ve
+                            else:
+                                ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv))
+                        break
+                    except RuntimeError as e:
+                        print(f"# {name} {how} unavailable for {batch}x{kv} {hq}/{hkv} {layout}: {str(e).splitlines()[0]}",
+                              file=sys.stderr)
+                if ms is None:
+                    continue
+                rows.append(dict(grid="decode", impl=name, dtype="bf16", batch=batch, seqlen_q=1, seqlen_k=kv,
+                                 heads_q=hq, heads_kv=hkv, hdim=HDIM, causal=False, page_size=None, layout=layout,
+                                 ms=ms, tflops=None, tbps=bytes_kv / (ms * 1e-3) / 1e12, peer_kv=how))
+            del q, k, v
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -91,30 +99,39 @@ def main():
 
     copy = head["copy_tbps"]
     print(f"\ndecode, bf16, hdim {HDIM}, one query row; {head['device']}; copy bandwidth {copy:.2f} TB/s (read+write)")
-    print(f"{'batch':>5} {'kv_len':>7} {'hq/hkv':>7} | {'ours TB/s':>9} {'%copy':>6} | {'flash ms':>8} {'cudnn ms':>8}"
+    print(f"{'batch':>5} {'kv_len':>7} {'hq/hkv':>7} {'layout':>6} | {'ours TB/s':>9} {'%copy':>6} | {'flash ms':>8} {'cudnn ms':>8}"
           f" {'ours ms':>8} {'ratio':>6} | {'page16':>7} {'page256':>7} | {'graph ms':>8} {'%copy':>6} | {'call ms':>8}")
-    for batch, kv, hq, hkv in GRID:
-        def find(impl, page=None):
-            for r in record["rows"]:
-                if (r["impl"], r["batch"], r["seqlen_k"], r["heads_q"], r["heads_kv"], r["page_size"]) == (impl, batch, kv, hq, hkv, page):
-                    return r
-            return None
-        o = find("tileattn")
-        fl, cu = find("torch-flash"), find("torch-cudnn")
-        best = min([r["ms"] for r in (fl, cu) if r] or [float("nan")])
-        p16, p256 = find("tileattn", 16), find("tileattn", 256)
-        fmt = lambda r: f"{r['ms']:8.4f}" if r else f"{'n/a':>8}"
-        print(f"{batch:>5} {kv:>7} {hq:>3}/{hkv:<3} | {o['tbps']:9.3f} {100 * o['tbps'] / copy:5.1f}% | {fmt(fl)} {fmt(cu)}"
-              f" {o['ms']:8.4f} {best / o['ms']:5.2f}x | {p16['ms'] / o['ms']:6.3f}x {p256['ms'] / o['ms']:6.3f}x"
-              f" | {o['graph_ms']:8.4f} {100 * o['tbps'] * o['ms'] / o['graph_ms'] / copy:5.1f}% | {o['call_ms']:8.4f}")
-    print("ratio = best peer time / our time (> 1: we are faster); page columns = paged time / contiguous time;\n"
-          "every time but 'call' is the median of calls issued back to back (peers and ours alike);\n"
-          "graph = our call replayed from a CUDA graph (device time without per-call host work);\n"
-          "call = one call on an idle GPU, synchronized after each (host work and launch latency included);\n"
-          "peers read the GQA cache natively (enable_gqa) where their backend takes it, else expanded K/V:")
+
+    def find(impl, shape, page=None, layout="bshd"):
+        for r in record["rows"]:
+            if ((r["impl"], r["batch"], r["seqlen_k"], r["heads_q"], r["heads_kv"], r["page_size"]) == (impl, *shape, page)
+                    and r.get("layout", "bshd") == layout):
+                return r
+        return None
+
+    for shape in GRID:
+        batch, kv, hq, hkv = shape
+        base = find("tileattn", shape)
+        p16, p256 = find("tileattn", shape, 16), find("tileattn", shape, 256)
+        for layout in ("bshd", "bhsd"):
+            o = find("tileattn", shape, layout=layout)
+            fl, cu = find("torch-flash", shape, layout=layout), find("torch-cudnn", shape, layout=layout)
+            best = min([r["ms"] for r in (fl, cu) if r] or [float("nan")])
+            fmt = lambda r: f"{r['ms']:8.4f}" if r else f"{'n/a':>8}"
+            paged = (f"{p16['ms'] / base['ms']:6.3f}x {p256['ms'] / base['ms']:6.3f}x" if layout == "bshd"
+                     else f"{'':>7} {'':>7}")
+            print(f"{batch:>5} {kv:>7} {hq:>3}/{hkv:<3} {layout:>6} | {o['tbps']:9.3f} {100 * o['tbps'] / copy:5.1f}% |"
+                  f" {fmt(fl)} {fmt(cu)} {o['ms']:8.4f} {best / o['ms']:5.2f}x | {paged}"
+                  f" | {o['graph_ms']:8.4f} {100 * o['tbps'] * o['ms'] / o['graph_ms'] / copy:5.1f}% | {o['call_ms']:8.4f}")
+    print("ratio = best peer time / our time on the same cache layout (> 1: we are faster); page columns =\n"
+          "paged time / contiguous (bshd) time; every time but 'call' is the median of calls issued back to\n"
+          "back (peers and ours alike); graph = our call replayed from a CUDA graph (device time without\n"
+          "per-call host work); call = one call on an idle GPU, synchronized after each (host work and\n"
+          "launch latency included); peers read the GQA cache natively (enable_gqa) where their backend\n"
+          "takes it, else expanded K/V:")
     for r in peers:
         if r["heads_q"] != r["heads_kv"]:
-            print(f"  {r['impl']} {r['batch']}x{r['seqlen_k']} {r['heads_q']}/{r['heads_kv']}: {r['peer_kv']}")
+            print(f"  {r['impl']} {r['batch']}x{r['seqlen_k']} {r['heads_q']}/{r['heads_kv']} {r['layout']}: {r['peer_kv']}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 // Times tileattn's GPU decode on the DESIGN.md decode grid (one query row, bf16, head dim 128),
-// contiguous and paged caches, and the device's copy bandwidth, printing one JSON row per line.
+// contiguous caches in two layouts and paged caches, and the device's copy bandwidth, printing one
+// JSON row per line.
 // bench/gpu_decode.py runs it beside the PyTorch peers.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -75,7 +76,10 @@ int main() {
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("{\"device\": \"%s\", \"copy_tbps\": %.3f}\n", prop.name, copy_tbps());
   for (const auto& [batch, kv, hq, hkv] : grid) {
-    for (int page : {0, 16, 256}) {
+    // page 0: contiguous, [batch, kv, heads, d] ("bshd", the layout of flash_attn_with_kvcache);
+    // page -1: contiguous, [batch, heads, kv, d] ("bhsd", the layout SDPA's peers are timed on),
+    // passed as a strided view. Paged caches are pages of [page, heads, d].
+    for (int page : {0, -1, 16, 256}) {
       const std::size_t cache = std::size_t(batch) * kv * hkv * hdim;
       void *q, *k, *v, *out, *lens, *table = nullptr;
       check(cudaMalloc(&q, std::size_t(batch) * hq * hdim * 2), "cudaMalloc q");
@@ -96,6 +100,10 @@ int main() {
       if (page == 0) {
         a.k_cache = view(k, DType::bf16, {batch, kv, hkv, hdim}, dev);
         a.v_cache = view(v, DType::bf16, {batch, kv, hkv, hdim}, dev);
+      } else if (page < 0) {
+        const std::initializer_list<std::int64_t> strides{std::int64_t(hkv) * kv * hdim, hdim, std::int64_t(kv) * hdim, 1};
+        a.k_cache = view(k, DType::bf16, {batch, kv, hkv, hdim}, strides, dev);
+        a.v_cache = view(v, DType::bf16, {batch, kv, hkv, hdim}, strides, dev);
       } else {
         // Pages shuffled through the pool, as a serving engine's allocator leaves them.
         const int per_seq = kv / page, pages = batch * per_seq;
@@ -136,8 +144,9 @@ int main() {
       std::printf(
           "{\"grid\": \"decode\", \"impl\": \"tileattn\", \"dtype\": \"bf16\", \"batch\": %d, \"seqlen_q\": 1, "
           "\"seqlen_k\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": false, \"page_size\": %s, "
+          "\"layout\": \"%s\", "
           "\"ms\": %.5f, \"tflops\": null, \"tbps\": %.4f, \"graph_ms\": %.5f, \"call_ms\": %.5f, \"workspace_bytes\": %zu}\n",
-          batch, kv, hq, hkv, hdim, page ? std::to_string(page).c_str() : "null", ms, tbps, graph_ms, call_ms, ws_bytes);
+          batch, kv, hq, hkv, hdim, page > 0 ? std::to_string(page).c_str() : "null", page < 0 ? "bhsd" : "bshd", ms, tbps, graph_ms, call_ms, ws_bytes);
       std::fflush(stdout);
       for (void* p : {q, k, v, out, lens, table, ws}) cudaFree(p);
     }
