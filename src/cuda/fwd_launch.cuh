@@ -61,17 +61,15 @@ void launch_kernel(Kernel kernel, const FwdParams& p, const FwdGrid& g) {
 }
 
 // The modifiers' kernel keeps its column checks: it is not the one that must be fast.
-template <class T, template <class, bool, bool> class Kernel>
-void launch_variant(const FwdParams& p, const FwdGrid& g) {
+template <class T>
+void launch_portable(const FwdParams& p, const FwdGrid& g) {
   if (g.mods)
-    launch_kernel<T>(Kernel<T, true, false>::fn, p, g);
+    launch_kernel<T>(fwd_kernel<T, true, false>, p, g);
   else if (p.d_qk == T::kHeadDim && p.d_v == T::kHeadDim)
-    launch_kernel<T>(Kernel<T, false, true>::fn, p, g);
+    launch_kernel<T>(fwd_kernel<T, false, true>, p, g);
   else
-    launch_kernel<T>(Kernel<T, false, false>::fn, p, g);
+    launch_kernel<T>(fwd_kernel<T, false, false>, p, g);
 }
-
-template <class T, bool kMods, bool kEvenK> struct Portable { static constexpr auto fn = fwd_kernel<T, kMods, kEvenK>; };
 
 // One persistent block per SM (fewer when there are fewer tiles); TMA needs no column checks.
 template <class T, bool kMods>
@@ -105,7 +103,7 @@ void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   }
   if (g.sm90a) return g.mods ? launch_sm90<H, true>(p, g) : launch_sm90<H, false>(p, g);
 #endif
-  launch_variant<typename FwdConfig<E, kHeadDim>::type, Portable>(p, g);
+  launch_portable<typename FwdConfig<E, kHeadDim>::type>(p, g);
 }
 
 }  // namespace tileattn::cuda
