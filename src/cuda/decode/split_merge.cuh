@@ -68,15 +68,19 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c) {
 template <class T, int ROWS, int THREADS, int BATCH>
 __device__ void merge_splits_if_last(const Params& p, int b, int g, int chunk) {
   __shared__ int s_last;
-  __threadfence();  // this block's partials are visible device-wide before its arrival counts
+  // The block's partial stores precede thread 0's arrival through the barrier, and its arrival
+  // is a release (cumulative over them) and an acquire of the earlier arrivals' releases: the
+  // last block's reads after the second barrier see every split's partials, without the two
+  // device-wide sequentially consistent fences this took before.
   __syncthreads();
   if (threadIdx.x == 0) {
     wait_for_primary();  // the counters' clearing has finished
-    s_last = atomicAdd(p.arrivals + blockIdx.x, 1) == p.splits - 1;
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(p.arrivals + blockIdx.x) : "memory");
+    s_last = before == p.splits - 1;
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();  // every other split's partials are visible to this block's reads
   const int group = p.heads_q / p.heads_kv, rows_total = p.seqlen_q * group;
   const int rows = min(ROWS, rows_total - chunk * ROWS);
   // Thread e of a row's units takes V columns; rows of the chunk map to (query row, head) as in
