@@ -170,6 +170,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   for (int it = 0; it < STAGES - 1; ++it) issue(it);
 
   float o[D / 8][4] = {};
+  const bool upper_rows = chunk * ROWS + 8 < rows_total;  // GQA groups of up to 8 rows leave 8-15 empty
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   for (int it = 0; it < iters; ++it) {
     cp_async_wait<STAGES - 2>();
@@ -192,6 +193,10 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     const int j0 = key0(it);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
+      if (hr == 1 && !upper_rows) {  // rows 8-15 are padding (zero queries): P = 0 there
+        sc[0][2] = sc[0][3] = sc[1][2] = sc[1][3] = 0.f;
+        continue;
+      }
       float mx = kNegInf;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -209,10 +214,12 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
       const float alpha = exp2f(m[hr] - base);
       m[hr] = mnew;
       l[hr] *= alpha;
+      if (__any_sync(0xffffffffu, alpha != 1.f)) {  // past the first tiles the row maxima rarely move
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        o[nd][2 * hr] *= alpha;
-        o[nd][2 * hr + 1] *= alpha;
+        for (int nd = 0; nd < D / 8; ++nd) {
+          o[nd][2 * hr] *= alpha;
+          o[nd][2 * hr + 1] *= alpha;
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
