@@ -202,15 +202,29 @@ void bind_calls(nb::module_& m) {
       [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
          const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
          const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
-         Options o, const OptOut& workspace) {
-        attach_workspace(o, workspace);
-        tileattn::decode(decode_args("decode", q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new,
-                                     v_new, rotary_cos, rotary_sin, rotary_interleaved, alibi, o));
+         const Options& o, nb::object workspace) {
+        DecodeArgs a = decode_args("decode", q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new,
+                                   v_new, rotary_cos, rotary_sin, rotary_interleaved, alibi, o);
+        // workspace: an array, or a callable that allocates n bytes in the caller's library. The
+        // callable saves a serving loop a second conversion of every argument (decode_workspace_size
+        // first): tens of microseconds per call, more than a short decode kernel takes.
+        nb::object ws = workspace;
+        if (PyCallable_Check(workspace.ptr())) {
+          const std::size_t n = tileattn::workspace_size(a);
+          ws = n > 0 ? workspace(n) : nb::none();
+        }
+        if (!ws.is_none()) {
+          const Output buf = nb::cast<Output>(ws);
+          a.options.workspace = buf.data();
+          a.options.workspace_bytes = buf.nbytes();
+        }
+        nb::gil_scoped_release release;
+        tileattn::decode(a);
       },
       "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
       "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
       "rotary_cos"_a = nb::none(), "rotary_sin"_a = nb::none(), "rotary_interleaved"_a = false,
-      "alibi_slopes"_a = nb::none(), "options"_a = Options(), "workspace"_a = nb::none(), Release());
+      "alibi_slopes"_a = nb::none(), "options"_a = Options(), "workspace"_a = nb::none());
 
   m.def(
       "decode_workspace_size",

@@ -98,8 +98,9 @@ def decode(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, p
     lse = empty(q, (q.shape[0], q.shape[2], q.shape[1]), "float32") if q.ndim == 4 else None
     args = _native(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
             rotary_interleaved, alibi_slopes, o)
-    ws = _workspace(q, _C.decode_workspace_size, *args)
-    _C.decode(*args, workspace=ws)
+    # The scratch is allocated from inside the call, once it knows the size: one conversion of the
+    # arguments instead of two (see _workspace).
+    _C.decode(*args, workspace=(lambda n: empty(q, (n,), "uint8")) if on_cuda(q) else None)
     return out, lse
 
 
