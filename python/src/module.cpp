@@ -213,11 +213,7 @@ void bind_calls(nb::module_& m) {
           const std::size_t n = tileattn::workspace_size(a);
           ws = n > 0 ? workspace(n) : nb::none();
         }
-        if (!ws.is_none()) {
-          const Output buf = nb::cast<Output>(ws);
-          a.options.workspace = buf.data();
-          a.options.workspace_bytes = buf.nbytes();
-        }
+        if (!ws.is_none()) attach_workspace(a.options, nb::cast<Output>(ws));
         nb::gil_scoped_release release;
         tileattn::decode(a);
       },

@@ -92,6 +92,13 @@ def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tenso
               scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
               num_splits: int, check_device_indices: bool, backend: str) -> Tuple[Tensor, Tensor]:
     """Returns (out, lse); writes k_new/v_new into the caches when given."""
+    return _decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                   rotary_interleaved, alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits,
+                   check_device_indices, backend)
+
+
+def _decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
+            alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
     return _functional.decode(
         q, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens, page_table=page_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
@@ -120,12 +127,9 @@ def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_
         # Eager calls skip the op's dispatch (about 0.1 ms on an H100 host, more than a short decode
         # kernel takes) and run its implementation; the appended caches' version counters move as
         # the op's declared mutation would move them.
-        out, lse = _functional.decode(
-            q, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens, page_table=page_table,
-            rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-            alibi_slopes=alibi_slopes, scale=scale, causal=causal, window_left=window_left,
-            window_right=window_right, softcap=softcap, num_splits=num_splits,
-            check_device_indices=check_device_indices, backend=backend)
+        out, lse = _decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                           rotary_interleaved, alibi_slopes, scale, causal, window_left, window_right, softcap,
+                           num_splits, check_device_indices, backend)
         if k_new is not None or v_new is not None:
             torch.autograd.graph.increment_version([k_cache, v_cache])
         return out, lse
