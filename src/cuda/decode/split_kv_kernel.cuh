@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   hi = max(hi, lo);
 
   // Each lane copies, and later reads back, only its own 16-byte pieces: the ring needs no barrier.
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* ring_k = reinterpret_cast<T*>(smem_raw);
   T* ring_v = ring_k + STAGES * KS * D;
   auto slot_at = [&](int stage, int u) { return (stage * KS + u * SLOTS + slot) * D + c0; };
