@@ -58,18 +58,19 @@ Kernel split_kv() {
 }
 
 // Tensor cores: head dims up to 128, any number of query rows per KV head.
-template <class T, int D>
+template <class T, int D, bool kPaged>
 Kernel gqa_mma() {
   constexpr int kWarps = 8;
   using Shape = decoding::GqaMmaShape<D, kWarps>;
-  static const Kernel k = configure({&decoding::gqa_mma_kernel<T, D, kWarps>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
+  static const Kernel k =
+      configure({&decoding::gqa_mma_kernel<T, D, kWarps, kPaged>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
   return k;
 }
 
 template <class T, int D>
-Kernel pick(int rows) {
+Kernel pick(int rows, bool paged) {
   if constexpr (D <= 128) {
-    return gqa_mma<T, D>();
+    return paged ? gqa_mma<T, D, true>() : gqa_mma<T, D, false>();
   } else {
     switch (rows) {
       case 1: return split_kv<T, D, 1>();
@@ -82,17 +83,18 @@ Kernel pick(int rows) {
 }
 
 template <class T>
-Kernel pick_dim(int d, int rows) {
+Kernel pick_dim(int d, int rows, bool paged) {
   switch (d) {
-    case 64: return pick<T, 64>(rows);
-    case 128: return pick<T, 128>(rows);
-    default: return pick<T, 256>(rows);
+    case 64: return pick<T, 64>(rows, paged);
+    case 128: return pick<T, 128>(rows, paged);
+    default: return pick<T, 256>(rows, paged);
   }
 }
 
 Kernel select_kernel(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
-  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows) : pick_dim<__nv_bfloat16>(padded_dim(p), rows);
+  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows, p.paged)
+                               : pick_dim<__nv_bfloat16>(padded_dim(p), rows, p.paged);
 }
 
 // Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy

@@ -81,7 +81,8 @@ __device__ __forceinline__ int swz(int n, int c) {
   return n * D + ((c ^ (n & 7)) << 3);
 }
 
-template <class T, int D, int WARPS>
+// PAGED: the cache is paged (a page-table lookup per key); otherwise contiguous.
+template <class T, int D, int WARPS, bool PAGED>
 __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   using Shape = GqaMmaShape<D, WARPS>;
   constexpr int ROWS = Shape::kRows, KEYS = Shape::kKeys, STAGES = Shape::kStages;
@@ -139,29 +140,51 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
   auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
 
-  // Lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy; the
-  // lanes copying that key's chunks take its location by shuffle when they issue the copy, so the
-  // read's latency hides behind a whole iteration instead of stalling the warp.
+  // Paged: lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy;
+  // the lanes copying that key's chunks take its location by shuffle when they issue the copy, so
+  // the read's latency hides behind a whole iteration instead of stalling the warp.
   int entry = 0;
   auto fetch = [&](int it) {
-    const int j = key0(it) + lane % KEYS;
-    entry = page_entry(p, b, j < hi ? j : lo);
+    if constexpr (PAGED) {
+      const int j = key0(it) + lane % KEYS;
+      entry = page_entry(p, b, j < hi ? j : lo);
+    }
   };
+  // Contiguous: a lane copies the same chunk c0 of rows n0, n0 + RSTEP, ... of every tile, rows
+  // a fixed stride apart, so a tile's copies cost a pointer step each (the paged path's lookups,
+  // shuffles and 64-bit products were most of the main loop's instructions).
+  constexpr int RSTEP = 32 / CH;
+  const int n0 = lane / CH, c0 = lane % CH;
+  const T* k_lane = static_cast<const T*>(p.k) + b * p.k_b + g * p.k_h + n0 * p.k_s + c0 * 8;
+  const T* v_lane = static_cast<const T*>(p.v) + b * p.v_b + g * p.v_h + n0 * p.v_s + c0 * 8;
+  const bool k_col = c0 * 8 < p.hdim_qk, v_col = c0 * 8 < p.hdim_v;
   auto issue = [&](int it) {
     if (it < iters) {
       T* tile = ring + (it % STAGES) * 2 * KEYS * D;
-      const int jm = key0(it) + lane % KEYS;
-      const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
-      if (it + 1 < iters) fetch(it + 1);
+      if constexpr (PAGED) {
+        const int jm = key0(it) + lane % KEYS;
+        const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
+        if (it + 1 < iters) fetch(it + 1);
 #pragma unroll
-      for (int t = 0; t < LOADS; ++t) {
-        const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
-        const bool in = key0(it) + n < hi;
-        const KeyLoc at{__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
-        const T* kp = static_cast<const T*>(p.k) + at.page * p.k_b + at.row * p.k_s + g * p.k_h + c * 8;
-        const T* vp = static_cast<const T*>(p.v) + at.page * p.v_b + at.row * p.v_s + g * p.v_h + c * 8;
-        cp_async16(tile + swz<D>(n, c), kp, in && c * 8 < p.hdim_qk);
-        cp_async16(tile + KEYS * D + swz<D>(n, c), vp, in && c * 8 < p.hdim_v);
+        for (int t = 0; t < LOADS; ++t) {
+          const int n = (lane + 32 * t) / CH, c = (lane + 32 * t) % CH;
+          const bool in = key0(it) + n < hi;
+          const KeyLoc at{__shfl_sync(0xffffffffu, mine.page, n), __shfl_sync(0xffffffffu, mine.row, n)};
+          const T* kp = static_cast<const T*>(p.k) + at.page * p.k_b + at.row * p.k_s + g * p.k_h + c * 8;
+          const T* vp = static_cast<const T*>(p.v) + at.page * p.v_b + at.row * p.v_s + g * p.v_h + c * 8;
+          cp_async16(tile + swz<D>(n, c), kp, in && c * 8 < p.hdim_qk);
+          cp_async16(tile + KEYS * D + swz<D>(n, c), vp, in && c * 8 < p.hdim_v);
+        }
+      } else {
+        const int rows_left = hi - key0(it) - n0;
+        const T* kp = k_lane + key0(it) * p.k_s;
+        const T* vp = v_lane + key0(it) * p.v_s;
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) {
+          const bool in = t * RSTEP < rows_left;
+          cp_async16(tile + swz<D>(n0 + t * RSTEP, c0), kp + t * RSTEP * p.k_s, in && k_col);
+          cp_async16(tile + KEYS * D + swz<D>(n0 + t * RSTEP, c0), vp + t * RSTEP * p.v_s, in && v_col);
+        }
       }
     }
     cp_async_commit();
