@@ -34,7 +34,7 @@ struct Params {
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
-  int splits, keys_per_split;
+  int splits, keys_per_split;  // keys_per_split: a multiple of 16, so splits start on tile boundaries
   float scale, softcap;
   int window_left, window_right;
   bool bottom_right;

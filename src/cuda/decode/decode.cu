@@ -58,19 +58,19 @@ Kernel split_kv() {
 }
 
 // Tensor cores: head dims up to 128, any number of query rows per KV head.
-template <class T, int D, bool kPaged>
+template <class T, int D, bool kPerKey>
 Kernel gqa_mma() {
   constexpr int kWarps = 8;
   using Shape = decoding::GqaMmaShape<D, kWarps>;
   static const Kernel k =
-      configure({&decoding::gqa_mma_kernel<T, D, kWarps, kPaged>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
+      configure({&decoding::gqa_mma_kernel<T, D, kWarps, kPerKey>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
   return k;
 }
 
 template <class T, int D>
-Kernel pick(int rows, bool paged) {
+Kernel pick(int rows, bool per_key) {
   if constexpr (D <= 128) {
-    return paged ? gqa_mma<T, D, true>() : gqa_mma<T, D, false>();
+    return per_key ? gqa_mma<T, D, true>() : gqa_mma<T, D, false>();
   } else {
     switch (rows) {
       case 1: return split_kv<T, D, 1>();
@@ -83,18 +83,19 @@ Kernel pick(int rows, bool paged) {
 }
 
 template <class T>
-Kernel pick_dim(int d, int rows, bool paged) {
+Kernel pick_dim(int d, int rows, bool per_key) {
   switch (d) {
-    case 64: return pick<T, 64>(rows, paged);
-    case 128: return pick<T, 128>(rows, paged);
-    default: return pick<T, 256>(rows, paged);
+    case 64: return pick<T, 64>(rows, per_key);
+    case 128: return pick<T, 128>(rows, per_key);
+    default: return pick<T, 256>(rows, per_key);
   }
 }
 
 Kernel select_kernel(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
-  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows, p.paged)
-                               : pick_dim<__nv_bfloat16>(padded_dim(p), rows, p.paged);
+  const bool per_key = p.paged && p.page_size % 16 != 0;  // tiles of 16 keys may span pages
+  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows, per_key)
+                               : pick_dim<__nv_bfloat16>(padded_dim(p), rows, per_key);
 }
 
 // Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy
@@ -216,7 +217,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.batch = p.batch, prm.seqlen_q = p.seqlen_q, prm.heads_q = p.heads_q, prm.heads_kv = p.heads_kv;
   prm.hdim_qk = p.hdim_qk, prm.hdim_v = p.hdim_v;
   prm.splits = w.splits;
-  prm.keys_per_split = (p.seqlen_k + w.splits - 1) / w.splits;
+  prm.keys_per_split = ((p.seqlen_k + w.splits - 1) / w.splits + 15) / 16 * 16;  // see decoding::Params
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
 

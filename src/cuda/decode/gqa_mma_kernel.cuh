@@ -82,8 +82,10 @@ __device__ __forceinline__ int swz(int n, int c) {
   return n * D + ((c ^ (n & 7)) << 3);
 }
 
-// PAGED: the cache is paged (a page-table lookup per key); otherwise contiguous.
-template <class T, int D, int WARPS, bool PAGED>
+// PER_KEY: a tile of 16 keys may span pages (a paged cache whose page size is not a multiple of
+// 16): every key is located on its own. Otherwise the cache is contiguous or its tiles each lie
+// on one page (tile starts are multiples of 16: see lo below, Params::keys_per_split).
+template <class T, int D, int WARPS, bool PER_KEY>
 __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   using Shape = GqaMmaShape<D, WARPS>;
   constexpr int ROWS = Shape::kRows, KEYS = Shape::kKeys, STAGES = Shape::kStages;
@@ -133,6 +135,9 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, off));
   }
+  // Tiles start at multiples of 16 keys: the keys before lo down to it are masked for every row or
+  // lie before kbeg (itself a multiple of 16).
+  lo = max(kbeg, lo / KEYS * KEYS);
   hi = max(hi, lo);
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -141,28 +146,32 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   const int iters = blocks > warp ? (blocks - warp + WARPS - 1) / WARPS : 0;
   auto key0 = [&](int it) { return lo + (it * WARPS + warp) * KEYS; };
 
-  // Paged: lane n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy;
-  // the lanes copying that key's chunks take its location by shuffle when they issue the copy, so
-  // the read's latency hides behind a whole iteration instead of stalling the warp.
+  // Where a tile's keys may lie on several pages (page sizes that are not a multiple of 16), lane
+  // n < 16 reads the page-table entry of key n of a tile one issue ahead of its copy, and the lanes
+  // copying that key's chunks take its location by shuffle when they issue the copy, so the read's
+  // latency hides behind a whole iteration instead of stalling the warp. Otherwise (contiguous
+  // caches, page sizes of 16 keys and up) a tile lies on one page: its entry is read one issue
+  // ahead, and a lane copies the same chunk c0 of rows n0, n0 + RSTEP, ... of it, rows a fixed
+  // stride apart, a pointer step each (the per-key lookups, shuffles and 64-bit products were
+  // most of the main loop's instructions).
   int entry = 0;
   auto fetch = [&](int it) {
-    if constexpr (PAGED) {
+    if constexpr (PER_KEY) {
       const int j = key0(it) + lane % KEYS;
       entry = page_entry(p, b, j < hi ? j : lo);
+    } else {
+      entry = page_entry(p, b, key0(it));
     }
   };
-  // Contiguous: a lane copies the same chunk c0 of rows n0, n0 + RSTEP, ... of every tile, rows
-  // a fixed stride apart, so a tile's copies cost a pointer step each (the paged path's lookups,
-  // shuffles and 64-bit products were most of the main loop's instructions).
   constexpr int RSTEP = 32 / CH;
   const int n0 = lane / CH, c0 = lane % CH;
-  const T* k_lane = static_cast<const T*>(p.k) + b * p.k_b + g * p.k_h + n0 * p.k_s + c0 * 8;
-  const T* v_lane = static_cast<const T*>(p.v) + b * p.v_b + g * p.v_h + n0 * p.v_s + c0 * 8;
+  const T* k_lane = static_cast<const T*>(p.k) + g * p.k_h + n0 * p.k_s + c0 * 8;
+  const T* v_lane = static_cast<const T*>(p.v) + g * p.v_h + n0 * p.v_s + c0 * 8;
   const bool k_col = c0 * 8 < p.hdim_qk, v_col = c0 * 8 < p.hdim_v;
   auto issue = [&](int it) {
     if (it < iters) {
       T* tile = ring + (it % STAGES) * 2 * KEYS * D;
-      if constexpr (PAGED) {
+      if constexpr (PER_KEY) {
         const int jm = key0(it) + lane % KEYS;
         const KeyLoc mine = locate(p, entry, jm < hi ? jm : lo);
         if (it + 1 < iters) fetch(it + 1);
@@ -177,9 +186,11 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
           cp_async16(tile + KEYS * D + swz<D>(n, c), vp, in && c * 8 < p.hdim_v);
         }
       } else {
+        const KeyLoc at = locate(p, entry, key0(it));
+        if (it + 1 < iters) fetch(it + 1);
         const int rows_left = hi - key0(it) - n0;
-        const T* kp = k_lane + key0(it) * p.k_s;
-        const T* vp = v_lane + key0(it) * p.v_s;
+        const T* kp = k_lane + at.page * p.k_b + at.row * p.k_s;
+        const T* vp = v_lane + at.page * p.v_b + at.row * p.v_s;
 #pragma unroll
         for (int t = 0; t < LOADS; ++t) {
           const bool in = t * RSTEP < rows_left;
