@@ -23,8 +23,8 @@ using OptOut = std::optional<Output>;
 
 void attach_workspace(Options& o, const OptOut& ws) {
   if (!ws) return;
-  o.workspace = ws->data();
-  o.workspace_bytes = ws->nbytes();
+  o.workspace = static_cast<char*>(ws->t.data) + ws->t.byte_offset;
+  o.workspace_bytes = nbytes(ws->t);
 }
 
 ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,

@@ -45,22 +45,57 @@ Device to_device(const char* fn, const char* name, int type, int id) {
               std::to_string(type) + ", tileattn takes cpu and cuda arrays");
 }
 
-template <class Array>
-TensorView convert(const char* fn, const char* name, const Array& a) {
-  const int ndim = static_cast<int>(a.ndim());
+// DLPack's DLPackExchangeAPI (dlpack.h, version 1.x), as far as it is read here: a table of
+// function pointers the producer keeps for the life of the process.
+struct ExchangeApi {
+  struct {
+    std::uint32_t major, minor;
+  } version;
+  const void* prev_api;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);  // may be null
+  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id, void** out_stream);
+};
+
+// The exchange API of a type, looked up once per type in a row (a call's arrays are mostly of one
+// library); argument conversion runs under the GIL.
+const ExchangeApi* exchange_api(PyTypeObject* type) {
+  static PyTypeObject* last_type = nullptr;
+  static const ExchangeApi* last_api = nullptr;
+  if (type == last_type) return last_api;
+  const ExchangeApi* api = nullptr;
+  if (PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__")) {
+    if (PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+      const auto* a = static_cast<const ExchangeApi*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+      if (a && a->version.major == 1 && a->dltensor_from_py_object_no_sync) api = a;
+    }
+    Py_DECREF(capsule);
+  }
+  PyErr_Clear();
+  Py_INCREF(type);  // the cache holds the type, so its address cannot be reused by another
+  Py_XDECREF(last_type);
+  last_type = type;
+  last_api = api;
+  return api;
+}
+
+TensorView convert(const char* fn, const char* name, const nb::dlpack::dltensor& a) {
+  const int ndim = a.ndim;
   if (ndim < 1 || ndim > kMaxDims)
     throw Error(std::string("tileattn::") + fn + ": " + name + " has " + std::to_string(ndim) +
                 " dimensions, tileattn takes 1 to " + std::to_string(kMaxDims));
   TensorView t;
-  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  t.dtype = to_dtype(fn, name, a.dtype());
-  t.device = to_device(fn, name, a.device_type(), a.device_id());
+  t.data = static_cast<char*>(a.data) + a.byte_offset;
+  t.dtype = to_dtype(fn, name, a.dtype);
+  t.device = to_device(fn, name, a.device.device_type, a.device.device_id);
   t.ndim = ndim;
   // DLPack lets a producer leave strides out (NULL) for a compact row-major array, as CuPy does.
-  const std::int64_t* strides = a.stride_ptr();
+  const std::int64_t* strides = a.strides;
   bool empty = false;
   for (int d = 0; d < ndim; ++d) {
-    t.shape[d] = static_cast<std::int64_t>(a.shape(d));
+    t.shape[d] = a.shape[d];
     t.stride[d] = strides ? strides[d] : 0;
     empty = empty || t.shape[d] == 0;
   }
@@ -78,14 +113,28 @@ TensorView convert(const char* fn, const char* name, const Array& a) {
 
 }  // namespace
 
-TensorView to_view(const char* fn, const char* name, const Input& a) { return convert(fn, name, a); }
-TensorView to_view(const char* fn, const char* name, const Output& a) { return convert(fn, name, a); }
+bool read_by_exchange_api(PyObject* obj, nb::dlpack::dltensor& t) {
+  const ExchangeApi* api = exchange_api(Py_TYPE(obj));
+  if (!api) return false;
+  if (api->dltensor_from_py_object_no_sync(obj, &t) == 0) return true;
+  PyErr_Clear();  // e.g. a tensor DLPack cannot describe: the import reports it
+  return false;
+}
+
+std::size_t nbytes(const nb::dlpack::dltensor& t) {
+  std::size_t n = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+  for (int d = 0; d < t.ndim; ++d) n *= static_cast<std::size_t>(t.shape[d]);
+  return n;
+}
+
+TensorView to_view(const char* fn, const char* name, const Input& a) { return convert(fn, name, a.t); }
+TensorView to_view(const char* fn, const char* name, const Output& a) { return convert(fn, name, a.t); }
 
 TensorView to_view(const char* fn, const char* name, const std::optional<Input>& a) {
-  return a ? convert(fn, name, *a) : TensorView{};
+  return a ? convert(fn, name, a->t) : TensorView{};
 }
 TensorView to_view(const char* fn, const char* name, const std::optional<Output>& a) {
-  return a ? convert(fn, name, *a) : TensorView{};
+  return a ? convert(fn, name, a->t) : TensorView{};
 }
 
 }  // namespace tileattn::python
