@@ -123,10 +123,11 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
            alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
-    if not torch.compiler.is_compiling():
-        # Eager calls skip the op's dispatch (about 0.1 ms on an H100 host, more than a short decode
-        # kernel takes) and run its implementation; the appended caches' version counters move as
-        # the op's declared mutation would move them.
+    if type(q) is torch.Tensor and type(k_cache) is torch.Tensor and not torch.compiler.is_compiling():
+        # Eager calls on plain tensors skip the op's dispatch (about 0.1 ms on an H100 host, more
+        # than a short decode kernel takes) and run its implementation; the appended caches'
+        # version counters move as the op's declared mutation would move them. Tensor subclasses
+        # (fake tensors among them, which have no data) take the op and its fake implementation.
         out, lse = _decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin,
                            rotary_interleaved, alibi_slopes, scale, causal, window_left, window_right, softcap,
                            num_splits, check_device_indices, backend)
