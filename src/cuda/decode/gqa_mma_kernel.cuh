@@ -27,9 +27,9 @@ struct GqaMmaShape {
   static constexpr int kKeys = 16;   // keys per warp step
   // Double buffering. Head dim 128: one 8 KB tile in flight per warp (64 KB per SM); on the H100
   // a third stage (128 KB in flight) streamed the cache 1-2.5% slower on every single-wave row,
-  // and so did 80-168 KB from other warp and stage counts. Head dim 64: two stages (three blocks
-  // per SM) against three (two blocks) were 1.7-2.8% faster on every grid row
-  // (bench/notes/decode.md).
+  // and so did 80-168 KB from other warp and stage counts. Head dim 64 (two blocks per SM, bound
+  // by registers): two stages (64 KB in flight per SM) against three (128 KB) were 1.7-2.8%
+  // faster on every grid row (bench/notes/decode.md).
   static constexpr int kStages = 2;
   static constexpr int kRampTiles = 4;
   static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
