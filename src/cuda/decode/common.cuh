@@ -11,6 +11,10 @@
 
 namespace tileattn::cuda::decoding {
 
+// Keys a warp of the tensor-core kernel takes per step. Splits start on multiples of it, and a
+// paged cache whose page size is a multiple of it holds every tile on one page.
+constexpr int kTileKeys = 16;
+
 // Everything a block needs; plain data passed by value.
 struct Params {
   const void* q;  // [batch, seqlen_q, heads_q, hdim_qk] (possibly rotated copy)
@@ -34,7 +38,7 @@ struct Params {
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
-  int splits, keys_per_split;  // keys_per_split: a multiple of 16, so splits start on tile boundaries
+  int splits, keys_per_split;  // keys_per_split: a multiple of kTileKeys, so splits start on tiles
   float scale, softcap;
   int window_left, window_right;
   bool bottom_right;

@@ -93,7 +93,7 @@ Kernel pick_dim(int d, int rows, bool per_key) {
 
 Kernel select_kernel(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
-  const bool per_key = p.paged && p.page_size % 16 != 0;  // tiles of 16 keys may span pages
+  const bool per_key = p.paged && p.page_size % decoding::kTileKeys != 0;  // a tile may span pages
   return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows, per_key)
                                : pick_dim<__nv_bfloat16>(padded_dim(p), rows, per_key);
 }
@@ -217,7 +217,8 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.batch = p.batch, prm.seqlen_q = p.seqlen_q, prm.heads_q = p.heads_q, prm.heads_kv = p.heads_kv;
   prm.hdim_qk = p.hdim_qk, prm.hdim_v = p.hdim_v;
   prm.splits = w.splits;
-  prm.keys_per_split = ((p.seqlen_k + w.splits - 1) / w.splits + 15) / 16 * 16;  // see decoding::Params
+  constexpr int kTile = decoding::kTileKeys;  // splits start on tiles
+  prm.keys_per_split = ((p.seqlen_k + w.splits - 1) / w.splits + kTile - 1) / kTile * kTile;
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
 

@@ -24,7 +24,7 @@ namespace tileattn::cuda::decoding {
 template <int D, int WARPS>
 struct GqaMmaShape {
   static constexpr int kRows = 16;   // query rows of a block: one mma tile
-  static constexpr int kKeys = 16;   // keys per warp step
+  static constexpr int kKeys = kTileKeys;
   // Double buffering. Head dim 128: one 8 KB tile in flight per warp (64 KB per SM); on the H100
   // a third stage (128 KB in flight) streamed the cache 1-2.5% slower on every single-wave row,
   // and so did 80-168 KB from other warp and stage counts. Head dim 64 (two blocks per SM, bound
