@@ -56,7 +56,6 @@ struct ExchangeApi {
   void* managed_tensor_from_py_object_no_sync;
   void* managed_tensor_to_py_object_no_sync;
   int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);  // may be null
-  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id, void** out_stream);
 };
 
 // The exchange API of a type, looked up once per type in a row (a call's arrays are mostly of one
