@@ -305,13 +305,42 @@ HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
-// [lo, hi)); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give key row j. With T
-// = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in place; otherwise each
-// key tile is copied (widened) into a dense one first. S = Q K^T and O += P V per key tile, fully
-// masked tiles skipped, only tiles that cut a row's key range masked per element. Per valid row r it calls emit(r, o, lse) with o the
-// normalized output row (fp32, dv values) and lse in natural log; rows with no visible key get
-// o = 0 and lse = -inf.
+// The online softmax of a query tile, kept per row (lane): m the running max in log2 units, l the
+// running sum.
+
+HWY_INLINE void SoftmaxInit(float* m, float* l) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  for (int v = 0; v < kBr; v += N) {
+    hn::StoreU(hn::Set(d, -kInf), d, m + v);
+    hn::StoreU(hn::Zero(d), d, l + v);
+  }
+}
+
+// One key tile: turns the scores S^T [nk][kBr] (log2 units) into probabilities against the new
+// running max, and writes alpha, the factor each row's output so far must be rescaled by.
+HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  for (int v = 0; v < kBr; v += N) {
+    VF mt = hn::Set(d, -kInf);
+    for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
+    const VF m_old = hn::LoadU(d, m + v);
+    const VF m_new = hn::Max(m_old, mt);
+    // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its terms at 0.
+    const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
+    VF sum = hn::Zero(d);
+    for (int jj = 0; jj < nk; ++jj) {
+      const VF pj = Exp2(d, hn::Sub(hn::LoadU(d, S + jj * kBr + v), m_safe));
+      hn::StoreU(pj, d, S + jj * kBr + v);
+      sum = hn::Add(sum, pj);
+    }
+    const VF a = Exp2(d, hn::Sub(m_old, m_safe));
+    hn::StoreU(a, d, alpha + v);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, l + v), a, sum), d, l + v);
+    hn::StoreU(m_new, d, m + v);
+  }
+}
 
 struct AttendShape {
   int d = 0, dv = 0;
@@ -320,6 +349,33 @@ struct AttendShape {
   bool dropout = false;
   Dropout drop;
 };
+
+// The end of a query tile: emit(r, o, lse) per valid row r with o its normalized output (fp32, dv
+// values; element c of row r at O[r * rs + c * cs]) and lse in natural log; rows with no visible
+// key (or no key tile at all: `none`) get o = 0 and lse = -inf.
+template <class Emit>
+HWY_INLINE void EmitRows(const AttendShape& sh, const TileRows& rows, bool none, const float* m, const float* l,
+                         const float* O, std::ptrdiff_t rs, std::ptrdiff_t cs, float* row, Emit emit) {
+  const float keep_scale = sh.dropout ? sh.drop.keep_scale : 1.f;
+  for (int r = 0; r < rows.n; ++r) {
+    if (none || !(l[r] > 0.f)) {
+      for (int c = 0; c < sh.dv; ++c) row[c] = 0.f;
+      emit(r, row, -kInf);
+      continue;
+    }
+    const float inv = keep_scale / l[r];
+    for (int c = 0; c < sh.dv; ++c) row[c] = O[r * rs + c * cs] * inv;
+    emit(r, row, (m[r] + std::log2(l[r])) * kLn2);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
+// [lo, hi)); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give key row j. With T
+// = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in place; otherwise each
+// key tile is copied (widened) into a dense one first. S = Q K^T and O += P V per key tile, fully
+// masked tiles skipped, only tiles that cut a row's key range masked per element; the rows end in
+// EmitRows.
 
 // Floats of per-thread tiles AttendTile needs.
 inline std::size_t attend_tile_floats(int d, int dv) {
@@ -331,8 +387,6 @@ inline std::size_t attend_tile_floats(int d, int dv) {
 template <class T, class QRow, class KRow, class VRow, class Emit>
 HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow,
                            std::ptrdiff_t ldk, std::ptrdiff_t ldv, int lo, int hi, float* tiles, Emit emit) {
-  const DF d;
-  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const int D = sh.d, DV = sh.dv;
   float* QT = tiles;                  // [D][kBr]
   float* Kt = QT + D * kBr;           // [kBc][D]
@@ -355,10 +409,7 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
       for (int c = 0; c < D; ++c) QT[c * kBr + r] = 0.f;
     }
   }
-  for (int v = 0; v < kBr; v += N) {
-    hn::StoreU(hn::Set(d, -kInf), d, m + v);
-    hn::StoreU(hn::Zero(d), d, l + v);
-  }
+  SoftmaxInit(m, l);
 
   const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
   bool first = true;
@@ -375,40 +426,13 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
     if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
     Gemm(K, kld, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
     ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk), prescaled);
-    for (int v = 0; v < kBr; v += N) {
-      VF mt = hn::Set(d, -kInf);
-      for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
-      const VF m_old = hn::LoadU(d, m + v);
-      const VF m_new = hn::Max(m_old, mt);
-      // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its terms at 0.
-      const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
-      VF sum = hn::Zero(d);
-      for (int jj = 0; jj < nk; ++jj) {
-        const VF pj = Exp2(d, hn::Sub(hn::LoadU(d, S + jj * kBr + v), m_safe));
-        hn::StoreU(pj, d, S + jj * kBr + v);
-        sum = hn::Add(sum, pj);
-      }
-      const VF a = Exp2(d, hn::Sub(m_old, m_safe));
-      hn::StoreU(a, d, alpha + v);
-      hn::StoreU(hn::MulAdd(hn::LoadU(d, l + v), a, sum), d, l + v);
-      hn::StoreU(m_new, d, m + v);
-    }
+    SoftmaxStep(S, nk, m, l, alpha);
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
     Gemm(V, 1, vld, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
     first = false;
   }
 
-  const float keep_scale = sh.dropout ? sh.drop.keep_scale : 1.f;
-  for (int r = 0; r < rows.n; ++r) {
-    if (first || !(l[r] > 0.f)) {
-      for (int c = 0; c < DV; ++c) row[c] = 0.f;
-      emit(r, row, -kInf);
-      continue;
-    }
-    const float inv = keep_scale / l[r];
-    for (int c = 0; c < DV; ++c) row[c] = OT[c * kBr + r] * inv;
-    emit(r, row, (m[r] + std::log2(l[r])) * kLn2);
-  }
+  EmitRows(sh, rows, first, m, l, OT, 1, kBr, row, emit);
 }
 
 }  // namespace tileattn::cpu::HWY_NAMESPACE
