@@ -1,11 +1,13 @@
 // FlashAttention-2 forward on the CPU: one task per (sequence, query head, query tile), each
 // streaming its keys through AttendTile. fp32 K and V are read in place; fp16/bf16 key tiles are
-// widened into a per-thread tile, so nothing larger than a tile is ever allocated.
+// widened into a per-thread tile, so nothing larger than a tile is ever allocated. Where the CPU
+// has AMX, bf16 runs the tile products on it from the inputs as they are (AttendTileAmx).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "core/backends.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
@@ -13,6 +15,60 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
+
+// Floats of per-thread tiles AttendTileAmx needs (bf16 and fp32 pieces, each a multiple of 64 bytes).
+inline std::size_t amx_tile_floats(int d, int dv) {
+  const std::size_t dp = amx::dim_pad(d), dvp = amx::dv_pad(dv);
+  return dp * kBr / 2 + kBc * dp / 2 + kBr * kBc / 2 + kBc * dvp / 2 + kBc * kBr + kBr * dvp + 3 * kBr + dvp;
+}
+
+// O[r][:] *= alpha[r] for the valid rows whose running max moved (alpha != 1).
+HWY_INLINE void RescaleRows(float* O, int dvp, int n, const float* alpha) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  for (int r = 0; r < n; ++r) {
+    if (alpha[r] == 1.f) continue;
+    const VF a = hn::Set(d, alpha[r]);
+    for (int c = 0; c < dvp; c += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + r * dvp + c), a), d, O + r * dvp + c);
+  }
+}
+
+// AttendTile for bf16 with the tile products on AMX: the same scores, mask and online softmax, with
+// S^T = K Q^T and O += P V multiplied from bf16 operands (K and V read where they lie, Q packed once
+// per query tile, P rounded to bf16 as on the GPU) into fp32. Query row r lies at q + r * qs, key
+// row j at k + j * ks and v + j * vs (bytes).
+template <class Emit>
+void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, std::ptrdiff_t qs, const char* k,
+                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, int lo, int hi, float* tiles, Emit emit) {
+  const int dp = amx::dim_pad(sh.d), dvp = amx::dv_pad(sh.dv);
+  auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
+  auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kBc][dp]
+  std::uint16_t* pb = stage + kBc * dp;                                // [kBr][kBc]
+  std::uint16_t* vv = pb + kBr * kBc;                                  // [kBc / 2][2 dvp] pairs
+  float* S = reinterpret_cast<float*>(vv + kBc * dvp);                 // [kBc][kBr]
+  float* O = S + kBc * kBr;                                            // [kBr][dvp]
+  float* m = O + kBr * dvp;
+  float* l = m + kBr;
+  float* alpha = l + kBr;
+  float* row = alpha + kBr;  // [dvp]
+
+  amx::pack_query(reinterpret_cast<const std::uint16_t*>(q), qs, rows.n, sh.d, qt);
+  SoftmaxInit(m, l);
+  const amx::Session session;
+  const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
+  bool first = true;
+  for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
+    const int nk = std::min(kBc, key_hi - j0);
+    amx::scores(reinterpret_cast<const std::uint16_t*>(k + j0 * ks), ks, nk, sh.d, qt, stage, S);
+    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk));
+    SoftmaxStep(S, nk, m, l, alpha);
+    if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
+    if (!first) RescaleRows(O, dvp, rows.n, alpha);
+    amx::accumulate(S, nk, reinterpret_cast<const std::uint16_t*>(v + j0 * vs), vs, sh.dv, pb, vv, O, first);
+    first = false;
+  }
+  EmitRows(sh, rows, first, m, l, O, dvp, 1, row, emit);
+}
 
 template <class T>
 void ForwardT(const Problem& p, const ForwardArgs& a) {
@@ -25,10 +81,13 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   sh.dropout = p.dropout_p > 0.f;
   sh.drop = p.dropout(a.options);
   const std::size_t es = sizeof(T);
+  const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
   const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
   const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
+  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks, [&](std::int64_t begin, std::int64_t end) {
-    float* tiles = flash::thread_tiles(attend_tile_floats(p.hdim_qk, p.hdim_v));
+    float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
+                                              : attend_tile_floats(p.hdim_qk, p.hdim_v));
     TileRows rows;
     for (std::int64_t t = begin; t < end; ++t) {
       const int qb = static_cast<int>(t % qblocks);
@@ -55,10 +114,15 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
         if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
       };
-      // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
-      const std::ptrdiff_t ldk = std::is_same_v<T, float> ? ks / 4 : 0, ldv = std::is_same_v<T, float> ? vs / 4 : 0;
       const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
       const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
+      if (on_amx) {
+        const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;
+        AttendTileAmx(sh, rows, q0, qs, kbase, ks, vbase, vs, 0, s.sk, tiles, emit);
+        continue;
+      }
+      // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
+      const std::ptrdiff_t ldk = std::is_same_v<T, float> ? ks / 4 : 0, ldv = std::is_same_v<T, float> ? vs / 4 : 0;
       AttendTile<T>(
           sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
           [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, ldk, ldv, 0, s.sk, tiles, emit);

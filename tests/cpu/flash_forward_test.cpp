@@ -5,6 +5,7 @@
 
 #include "attention_case.hpp"
 #include "core/problem.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/reference.hpp"
 
 namespace tileattn::test {
@@ -33,11 +34,13 @@ ForwardResult run_baseline(const Case& c, CaseTensors& t) {
   return {t.out.to_f64(), t.lse.to_f64()};
 }
 
-TEST(FlashForward, RandomSweepMatchesReference) {
+// Out and LSE of `iterations` cases from make_case(rng) against the oracle by the tolerance rule.
+template <class MakeCase>
+void expect_sweep_matches_reference(int iterations, MakeCase make_case) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  for (int it = 0; it < 300; ++it) {
-    const Case c = random_case(rng);
+  for (int it = 0; it < iterations; ++it) {
+    const Case c = make_case(rng);
     CaseTensors t(c, rng);
     const std::string ctx = "seed " + std::to_string(seed) + " case " + std::to_string(it) + ": " + c.str();
     const ForwardResult got = run_forward(c, t, Backend::cpu_flash);
@@ -53,6 +56,23 @@ TEST(FlashForward, RandomSweepMatchesReference) {
     EXPECT_TRUE(close_to_oracle(c.dtype, got.lse, ref.lse, [&] { return baseline().lse; })) << "lse, " << ctx;
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+TEST(FlashForward, RandomSweepMatchesReference) {
+  expect_sweep_matches_reference(300, [](std::mt19937_64& rng) { return random_case(rng); });
+}
+
+// bf16 at the head dims models use, over several key tiles: on a CPU with AMX these run the tile
+// products on it (operands in bf16, K and V read in place), elsewhere the widening path.
+TEST(FlashForward, Bf16ModelHeadDimsMatchReference) {
+  RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
+  expect_sweep_matches_reference(60, [](std::mt19937_64& rng) {
+    Case c = random_case(rng, 300);
+    c.dtype = DType::bf16;
+    c.hdim = std::vector<int>{32, 64, 64, 96, 128, 128, 256}[std::uniform_int_distribution<int>(0, 6)(rng)];
+    if (std::bernoulli_distribution(0.7)(rng)) c.hdim_v = c.hdim;
+    return c;
+  });
 }
 
 // Rows that see no key: out = 0, lse = -inf, and no NaN anywhere.
@@ -95,7 +115,7 @@ TEST(FlashForward, HugeLogitsStayFinite) {
     c.dtype = dt;
     c.seqlen_q = 70;
     c.seqlen_k = 150;
-    c.hdim = c.hdim_v = 16;
+    c.hdim = c.hdim_v = 64;
     c.options.scale = 1.f;
     CaseTensors t(c, rng);
     // q . k = +-1e4 exactly: q = (100, 0, ...), k = (+-100, 0, ...), one sign per key.
