@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's one GPU-machine check: build, every GPU test, compute-sanitizer, benchmarks.
+# The project's one GPU-machine check: build, every GPU test, the CPU tests on its host (AMX),
+# compute-sanitizer, benchmarks.
 #
 #   scripts/gpu_check.sh OUTDIR [extra cmake arguments...]
 #
