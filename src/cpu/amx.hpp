@@ -1,12 +1,12 @@
-// The bf16 forward's tile products on Intel AMX (Sapphire Rapids and later): S^T = K Q^T and
-// O += P V from bf16 operands with fp32 accumulation, on the tile unit instead of widening to fp32
-// and running AVX-512 FMAs. Highway has no AMX, so these few routines use the compiler's AMX and
-// AVX-512 intrinsics, each built for that target alone; nothing here runs unless available().
+// The bf16 tile products of the CPU flash kernels on Intel AMX (Sapphire Rapids and later): bf16
+// operands, fp32 accumulation, on the tile unit instead of widening to fp32 for AVX-512 FMAs.
+// Highway has no AMX, so these few routines use the compiler's AMX and AVX-512 intrinsics, each
+// built for that target alone; nothing here runs unless available().
 //
-// Layouts are the flash forward's: scores transposed (S^T [keys][kBr], a query row per lane), the
-// output row-major (O [kBr][dvp]). The tile unit multiplies A [16][32 bf16] by B [16][16 pairs],
-// B holding for each pair of A's columns the two values side by side; `pairs` below means that
-// form: X2[p][2c + e] = X[2p + e][c].
+// The unit multiplies A [16][32 bf16] by B [16][16 pairs]: B holds, for each pair of A's columns,
+// the two values side by side. `Pairs` below names that form of a matrix X: X2[p][2c + e] =
+// X[2p + e][c]. A product here is C (+)= A B over whole tiles, so the callers pad: M and N to 16,
+// K to 32, with zeros where the padding meets K.
 #pragma once
 
 #include <cstddef>
@@ -18,11 +18,10 @@ namespace tileattn::cpu::amx {
 // and TILEATTN_CPU_AMX is not "0".
 bool available();
 
-// Head dims padded for the tiles: the products run over 32 bf16 at a time, outputs 16 fp32 wide.
-inline int dim_pad(int d) { return (d + 31) / 32 * 32; }
-inline int dv_pad(int dv) { return (dv + 15) / 16 * 16; }
+inline int pad16(int n) { return (n + 15) / 16 * 16; }
+inline int pad32(int n) { return (n + 31) / 32 * 32; }
 
-// Turns the tile unit on for this thread for the life of the object (one query tile's products).
+// Turns the tile unit on for this thread for the life of the object.
 class Session {
  public:
   Session();
@@ -31,21 +30,31 @@ class Session {
   Session& operator=(const Session&) = delete;
 };
 
-// The query tile as the scores' B operand: qt[p][r] = the pair (q_r[2p], q_r[2p + 1]) as one
-// 32-bit word, p < dim_pad(d) / 2, r < kBr; rows past `rows` and dims past d zero. Row r of the
-// query lies at q + r * q_stride (bytes).
-void pack_query(const std::uint16_t* q, std::ptrdiff_t q_stride, int rows, int d, std::uint32_t* qt);
+// C[m][n] = (acc ? C[m][n] : 0) + sum_k A[m][k] B[k][n] for m < M, n < N, k < K (M and N multiples
+// of 16, K of 32): A row-major bf16, B in pairs, C fp32; the strides are bytes between rows.
+void product(const void* a, std::ptrdiff_t a_stride, const void* b, std::ptrdiff_t b_stride, float* c,
+             std::ptrdiff_t c_stride, int m, int n, int k, bool acc);
 
-// S^T[j][r] = k_j . q_r (fp32, raw products) for keys j < nk <= kBc, rows rounded up to 16; key j
-// lies at k + j * k_stride (bytes). K is read in place when d is a multiple of 32 and nk of 16,
-// else through `stage` (kBc * dim_pad(d) bf16).
-void scores(const std::uint16_t* k, std::ptrdiff_t k_stride, int nk, int d, const std::uint32_t* qt,
-            std::uint16_t* stage, float* st);
+// dst[j][c] = src_j[c] for j < rows, c < cols; zero for c < pad32(cols) and rows up to `rows_pad`
+// (src_j at src + j * stride bytes; dst rows pad32(cols) bf16 apart). For an A operand read in
+// place when its rows or columns would end mid-tile.
+void stage_rows(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst);
 
-// O[r][c] = (first ? 0 : O[r][c]) + sum_{j < nk} P^T[j][r] v_j[c], P rounded to bf16 as the
-// product's operand; O is [kBr][dv_pad(dv)], v_j lies at v + j * v_stride (bytes). `pb` (kBr * kBc
-// bf16) and `vv` (kBc * dv_pad(dv) bf16) hold the operands in the unit's layout.
-void accumulate(const float* pt, int nk, const std::uint16_t* v, std::ptrdiff_t v_stride, int dv,
-                std::uint16_t* pb, std::uint16_t* vv, float* o, bool first);
+// The columns of `rows` rows (row r at src + r * stride bytes) as the B operand of a product over
+// them: dst[p][r] = (x_r[2p], x_r[2p + 1]) as one 32-bit word, p < pad32(cols) / 2, r < width;
+// rows past `rows` and columns past `cols` zero.
+void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int cols, int width, std::uint32_t* dst);
+
+// Rows x_j (at src + j * stride bytes, j < rows) in pairs as a B operand: dst[p][2c + e] =
+// x_{2p+e}[c] for p < rows_pad / 2, c < pad16(cols), zero past `rows` and `cols`; dst rows are
+// 2 * pad16(cols) bf16 apart.
+void pack_row_pairs(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst);
+
+// A tile T [keys][64] fp32 (rows 64 floats apart) transposed and rounded: dst[r][j] = bf16(T[j][r])
+// for r < 64, j < keys_pad (a multiple of 32; zero from `keys` on); dst rows keys_pad bf16 apart.
+void transpose_round(const float* t, int keys, int keys_pad, std::uint16_t* dst);
+
+// dst[i] = bf16(src[i]) for i < n (a multiple of 32).
+void round(const float* src, int n, std::uint16_t* dst);
 
 }  // namespace tileattn::cpu::amx

@@ -18,7 +18,7 @@ namespace tileattn::cpu::HWY_NAMESPACE {
 
 // Floats of per-thread tiles AttendTileAmx needs (bf16 and fp32 pieces, each a multiple of 64 bytes).
 inline std::size_t amx_tile_floats(int d, int dv) {
-  const std::size_t dp = amx::dim_pad(d), dvp = amx::dv_pad(dv);
+  const std::size_t dp = amx::pad32(d), dvp = amx::pad16(dv);
   return dp * kBr / 2 + kBc * dp / 2 + kBr * kBc / 2 + kBc * dvp / 2 + kBc * kBr + kBr * dvp + 3 * kBr + dvp;
 }
 
@@ -40,7 +40,7 @@ HWY_INLINE void RescaleRows(float* O, int dvp, int n, const float* alpha) {
 template <class Emit>
 void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, std::ptrdiff_t qs, const char* k,
                    std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, int lo, int hi, float* tiles, Emit emit) {
-  const int dp = amx::dim_pad(sh.d), dvp = amx::dv_pad(sh.dv);
+  const int dp = amx::pad32(sh.d), dvp = amx::pad16(sh.dv);
   auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
   auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kBc][dp]
   std::uint16_t* pb = stage + kBc * dp;                                // [kBr][kBc]
@@ -51,20 +51,30 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
   float* l = m + kBr;
   float* alpha = l + kBr;
   float* row = alpha + kBr;  // [dvp]
+  constexpr std::ptrdiff_t kRow = kBr * sizeof(float);
 
-  amx::pack_query(reinterpret_cast<const std::uint16_t*>(q), qs, rows.n, sh.d, qt);
+  amx::pack_column_pairs(q, qs, rows.n, sh.d, kBr, qt);
   SoftmaxInit(m, l);
   const amx::Session session;
   const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
   bool first = true;
   for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
-    const int nk = std::min(kBc, key_hi - j0);
-    amx::scores(reinterpret_cast<const std::uint16_t*>(k + j0 * ks), ks, nk, sh.d, qt, stage, S);
+    const int nk = std::min(kBc, key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
+    // K's rows are the A operand where they lie, unless a tile would end mid-row or mid-key block.
+    const void* kt = k + j0 * ks;
+    std::ptrdiff_t kts = ks;
+    if (dp != sh.d || keys16 != nk) {
+      amx::stage_rows(kt, ks, nk, keys16, sh.d, stage);
+      kt = stage, kts = dp * 2;
+    }
+    amx::product(kt, kts, qt, kRow, S, kRow, keys16, kBr, dp, false);
     ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk));
     SoftmaxStep(S, nk, m, l, alpha);
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
     if (!first) RescaleRows(O, dvp, rows.n, alpha);
-    amx::accumulate(S, nk, reinterpret_cast<const std::uint16_t*>(v + j0 * vs), vs, sh.dv, pb, vv, O, first);
+    amx::transpose_round(S, nk, keys32, pb);
+    amx::pack_row_pairs(v + j0 * vs, vs, nk, keys32, sh.dv, vv);
+    amx::product(pb, keys32 * 2, vv, dvp * 4, O, dvp * 4, kBr, dvp, keys32, !first);
     first = false;
   }
   EmitRows(sh, rows, first, m, l, O, dvp, 1, row, emit);
