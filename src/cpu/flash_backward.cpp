@@ -6,12 +6,16 @@
 //      LSE, dS = P * (dP - D), and dS K goes to the group's own fp32 dQ partial;
 //   3. dQ = the partials summed in group order.
 // Which task writes which partial depends on the problem shape alone, so every run, on any thread
-// count, gives bitwise the same gradients: options.deterministic holds by construction.
+// count, gives bitwise the same gradients: options.deterministic holds by construction. Where the
+// CPU has AMX, bf16 runs the five tile products on it (P and dS rounded to bf16 as on the GPU).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_backward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <optional>
+
 #include "core/backends.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
@@ -19,6 +23,37 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
+
+// A packed query tile: pass 1 writes it once, pass 2 reads it once per key block. The FMA products
+// take fp32 forms (Q^T carrying the scale where it can, dO^T, Q and dO padded); on AMX the same
+// space (larger than needed) holds the bf16 operands instead: Q and dO as column pairs, the B of
+// S^T = K Q^T and dP^T = V dO^T, and as row pairs, the B of dK += dS^T Q and dV += P^T dO.
+struct QueryTile {
+  float *QT, *dOT, *Qr, *dOr;  // [D][kBr], [DV][kBr], [kBr][Dp], [kBr][DVp]
+  std::uint32_t *Qd, *dOd;     // [pad32(D) / 2][kBr], [pad32(DV) / 2][kBr]
+  std::uint16_t *Q2, *dO2;     // [kBr / 2][2 pad16(D)], [kBr / 2][2 pad16(DV)]
+  float *L, *Dr;               // [kBr]: the LSE in log2 units (+inf: no key), D = rowsum(dO * O)
+
+  QueryTile(float* base, int D, int DV, bool on_amx) {
+    if (on_amx) {
+      QT = dOT = Qr = dOr = nullptr;
+      Qd = reinterpret_cast<std::uint32_t*>(base);
+      dOd = Qd + amx::pad32(D) / 2 * kBr;
+      Q2 = reinterpret_cast<std::uint16_t*>(dOd + amx::pad32(DV) / 2 * kBr);
+      dO2 = Q2 + kBr * amx::pad16(D);
+      L = reinterpret_cast<float*>(dO2 + kBr * amx::pad16(DV));
+    } else {
+      Qd = dOd = nullptr;
+      Q2 = dO2 = nullptr;
+      QT = base;
+      dOT = QT + D * kBr;
+      Qr = dOT + DV * kBr;
+      dOr = Qr + kBr * flash::padded(D);
+      L = dOr + kBr * flash::padded(DV);
+    }
+    Dr = L + kBr;
+  }
+};
 
 template <class T>
 void BackwardT(const Problem& p, const BackwardArgs& a) {
@@ -52,12 +87,15 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   const ScoreMod sm = p.score_mod(0.f);
   const float qscale = query_prescale(sm);
 
-  // Pass 1: every query tile once, in the forms pass 2 multiplies with, so that pass 2 (which
-  // meets each tile once per key block) never copies or transposes: Q^T (carrying the scale where
-  // it can) and dO^T [d][kBr], Q [kBr][Dp] and dO [kBr][DVp] in fp32, the LSE in log2 units
-  // (+inf: no key) and D = rowsum(dO * O). Padding rows and columns are zero.
+  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
+  const std::int64_t qst = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
+  const std::int64_t dost = (p.varlen ? a.dout.stride[0] : a.dout.stride[1]) * es;
+  // Pass 1: every query tile once, in the forms pass 2 multiplies with (QueryTile), so that pass 2
+  // (which meets each tile once per key block) never copies or transposes. Padding rows and columns
+  // are zero.
   parallel_for(qtasks, [&](std::int64_t begin, std::int64_t end) {
-    float* orow = flash::thread_tiles(static_cast<std::size_t>(DV));
+    float* orow = flash::thread_tiles(2 * static_cast<std::size_t>(DV));
+    float* dorow = orow + DV;
     for (std::int64_t t = begin; t < end; ++t) {
       const int qb = static_cast<int>(t % qblocks), h = static_cast<int>(t / qblocks % p.heads_q);
       const int b = static_cast<int>(t / qblocks / p.heads_q);
@@ -65,45 +103,64 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int i0 = qb * kBr;
       if (i0 >= s.sq) continue;
       const int n = std::min(kBr, s.sq - i0);
-      float* QT = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
-      float* dOT = QT + D * kBr;
-      float* Qr = dOT + DV * kBr;
-      float* dOr = Qr + kBr * Dp;
-      float* L = dOr + kBr * DVp;
-      float* Dr = L + kBr;
-      std::memset(QT, 0, sizeof(float) * tile_floats);
+      float* base = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
+      std::memset(base, 0, sizeof(float) * tile_floats);
+      const QueryTile qt(base, D, DV, on_amx);
+      if (on_amx) {
+        const T* q0 = ptr(a.q, b, s.q0 + i0, h);
+        const T* do0 = ptr(a.dout, b, s.q0 + i0, h);
+        amx::pack_column_pairs(q0, qst, n, D, kBr, qt.Qd);
+        amx::pack_column_pairs(do0, dost, n, DV, kBr, qt.dOd);
+        amx::pack_row_pairs(q0, qst, n, kBr, D, qt.Q2);
+        amx::pack_row_pairs(do0, dost, n, kBr, DV, qt.dO2);
+      }
       for (int r = 0; r < n; ++r) {
         const std::int64_t qrow = s.q0 + i0 + r;
-        LoadRow(ptr(a.q, b, qrow, h), Qr + r * Dp, D);
-        LoadRow(ptr(a.dout, b, qrow, h), dOr + r * DVp, DV);
+        float* dor = on_amx ? dorow : qt.dOr + r * DVp;
+        LoadRow(ptr(a.dout, b, qrow, h), dor, DV);
         LoadRow(ptr(a.out, b, qrow, h), orow, DV);
-        for (int c = 0; c < D; ++c) QT[c * kBr + r] = Qr[r * Dp + c] * qscale;
         float acc = 0.f;
-        for (int c = 0; c < DV; ++c) {
-          dOT[c * kBr + r] = dOr[r * DVp + c];
-          acc += dOr[r * DVp + c] * orow[c];
+        for (int c = 0; c < DV; ++c) acc += dor[c] * orow[c];
+        qt.Dr[r] = acc;
+        if (!on_amx) {
+          LoadRow(ptr(a.q, b, qrow, h), qt.Qr + r * Dp, D);
+          for (int c = 0; c < D; ++c) qt.QT[c * kBr + r] = qt.Qr[r * Dp + c] * qscale;
+          for (int c = 0; c < DV; ++c) qt.dOT[c * kBr + r] = dor[c];
         }
-        Dr[r] = acc;
         const float lse = a.lse.ptr<const float>()[lse_elem(a.lse, p.varlen, b, qrow, h)];
-        L[r] = lse == -kInf ? kInf : lse * kLog2e;
+        qt.L[r] = lse == -kInf ? kInf : lse * kLog2e;
         for (int g = 0; g < groups; ++g) std::memset(part(g, h, row_index(b, s, i0 + r)), 0, sizeof(float) * Dp);
       }
-      for (int r = n; r < kBr; ++r) L[r] = kInf;
+      for (int r = n; r < kBr; ++r) qt.L[r] = kInf;
     }
   });
 
   // Pass 2.
   const bool dropout = p.dropout_p > 0.f, softcap = sm.softcap > 0.f;
   const Dropout drop = p.dropout(a.options);
-  const std::size_t work_floats = static_cast<std::size_t>(kBc) * (2 * Dp + DV + DVp) + 3 * static_cast<std::size_t>(kBc) * kBr;
+  const int Dk = amx::pad32(D), DVk = amx::pad32(DV);  // AMX: K's and V's rows in whole tile columns
+  const std::size_t kc = kBc, kr = kBr;
+  const std::size_t work_floats = kc * (Dp + DVp) + 3 * kc * kr +
+                                  (on_amx ? kc * (Dk + DVk + Dp) / 2 + 3 * kc * kr / 2 + kr * Dp : kc * (Dp + DV));
   parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_kv * groups, [&](std::int64_t begin, std::int64_t end) {
-    float* Kj = flash::thread_tiles(work_floats);  // [kBc][Dp]
-    float* Vj = Kj + kBc * Dp;                     // [kBc][DV]
-    float* dK = Vj + kBc * DV;                     // [kBc][Dp]
+    float* dK = flash::thread_tiles(work_floats);  // [kBc][Dp]
     float* dV = dK + kBc * Dp;                     // [kBc][DVp]
     float* S = dV + kBc * DVp;                     // [kBc][kBr] scores, then P
     float* dP = S + kBc * kBr;                     // [kBc][kBr] dP, then dS
     float* Th = dP + kBc * kBr;                    // [kBc][kBr] tanh under the softcap
+    float* Kj = Th + kBc * kBr;                    // FMA: [kBc][Dp]
+    float* Vj = Kj + kBc * Dp;                     // FMA: [kBc][DV]
+    // AMX: K and V staged where a tile would end mid-row, K in key pairs (the B of dQ += dS K), P^T
+    // and dS^T rounded (the A of dV and dK), dS rounded (the A of dQ), and dQ's tile.
+    auto* Ks = reinterpret_cast<std::uint16_t*>(Th + kBc * kBr);  // [kBc][Dk]
+    std::uint16_t* Vs = Ks + kBc * Dk;                            // [kBc][DVk]
+    std::uint16_t* K2 = Vs + kBc * DVk;                           // [kBc / 2][2 Dp]
+    std::uint16_t* Pb = K2 + kBc * Dp;                            // [kBc][kBr]
+    std::uint16_t* dSb = Pb + kBc * kBr;                          // [kBc][kBr]
+    std::uint16_t* dSr = dSb + kBc * kBr;                         // [kBr][kBc]
+    float* dQt = reinterpret_cast<float*>(dSr + kBr * kBc);      // [kBr][Dp]
+    std::optional<amx::Session> tiles;
+    if (on_amx) tiles.emplace();
     TileRows rows;
     for (std::int64_t t = begin; t < end; ++t) {
       const int grp = static_cast<int>(t % groups), g = static_cast<int>(t / groups % p.heads_kv);
@@ -116,8 +173,19 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
       for (int j0 = grp * kBc; j0 < s.sk; j0 += groups * kBc) {
         const int nk = std::min(kBc, s.sk - j0), j1 = j0 + nk;
-        LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); }, j0, nk, D, Dp, Kj);
-        LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, j0, nk, DV, DV, Vj);
+        const int keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
+        // AMX reads K's and V's rows in place as the A of S^T and dP^T where tiles end with them.
+        const void* kt = kbase + j0 * ks;
+        const void* vt = vbase + j0 * vs;
+        std::ptrdiff_t kts = ks, vts = vs;
+        if (on_amx) {
+          if (Dk != D || keys16 != nk) amx::stage_rows(kt, ks, nk, keys16, D, Ks), kt = Ks, kts = Dk * 2;
+          if (DVk != DV || keys16 != nk) amx::stage_rows(vt, vs, nk, keys16, DV, Vs), vt = Vs, vts = DVk * 2;
+          amx::pack_row_pairs(kbase + j0 * ks, ks, nk, keys32, D, K2);
+        } else {
+          LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); }, j0, nk, D, Dp, Kj);
+          LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, j0, nk, DV, DV, Vj);
+        }
         std::memset(dK, 0, sizeof(float) * kBc * Dp);
         std::memset(dV, 0, sizeof(float) * kBc * DVp);
         // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i. Whole
@@ -128,23 +196,25 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
           for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
             const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
-            const float* QT = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
-            const float* dOT = QT + D * kBr;
-            const float* Qr = dOT + DV * kBr;
-            const float* dOr = Qr + kBr * Dp;
-            const float* L = dOr + kBr * DVp;
-            const float* Dr = L + kBr;
+            const QueryTile qt(packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats, D, DV, on_amx);
+            float* dq = part(grp, h, row_index(b, s, i0));
             rows.reset();
             for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
             rows.finish(n);
-            Gemm(Kj, Dp, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
-            ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
-            Gemm(Vj, DV, 1, dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+            if (on_amx) {
+              amx::product(kt, kts, qt.Qd, kBr * 4, S, kBr * 4, keys16, kBr, Dk, false);
+              ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
+              amx::product(vt, vts, qt.dOd, kBr * 4, dP, kBr * 4, keys16, kBr, DVk, false);
+            } else {
+              Gemm(Kj, Dp, 1, qt.QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+              ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
+              Gemm(Vj, DV, 1, qt.dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+            }
             if (dropout) DropTile(drop, rows, dP, j0, nk);
             const VF keep_scale = hn::Set(df, dropout ? drop.keep_scale : 1.f);
             const VF scale = hn::Set(df, sm.scale);
             for (int v = 0; v < kBr; v += N) {
-              const VF lv = hn::LoadU(df, L + v), dv = hn::LoadU(df, Dr + v);
+              const VF lv = hn::LoadU(df, qt.L + v), dv = hn::LoadU(df, qt.Dr + v);
               for (int jj = 0; jj < nk; ++jj) {
                 const VF pj = Exp2(df, hn::Sub(hn::LoadU(df, S + jj * kBr + v), lv));
                 hn::StoreU(pj, df, S + jj * kBr + v);
@@ -163,9 +233,23 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
               for (int e = 0; e < nk * kBr; e += N)
                 hn::StoreU(hn::Mul(hn::LoadU(df, S + e), keep_scale), df, S + e);
             }
-            Gemm(S, kBr, 1, dOr, DVp, dV, DVp, nk, DVp, n);
-            Gemm(dP, kBr, 1, Qr, Dp, dK, Dp, nk, Dp, n);
-            Gemm(dP, 1, kBr, Kj, Dp, part(grp, h, row_index(b, s, i0)), Dp, n, Dp, nk);
+            if (on_amx) {
+              // Key rows nk..keys16 of S and dP came from zero rows of K and V: they add nothing.
+              amx::round(S, keys16 * kBr, Pb);
+              amx::product(Pb, kBr * 2, qt.dO2, DVp * 4, dV, DVp * 4, keys16, DVp, kBr, true);
+              amx::round(dP, keys16 * kBr, dSb);
+              amx::product(dSb, kBr * 2, qt.Q2, Dp * 4, dK, Dp * 4, keys16, Dp, kBr, true);
+              amx::transpose_round(dP, nk, keys32, dSr);
+              amx::product(dSr, keys32 * 2, K2, Dp * 4, dQt, Dp * 4, kBr, Dp, keys32, false);
+              // The tile's rows past n belong to the next sequence's partial (or lie past the last).
+              for (int r = 0; r < n; ++r)
+                for (int c = 0; c < Dp; c += N)
+                  hn::StoreU(hn::Add(hn::LoadU(df, dq + r * Dp + c), hn::LoadU(df, dQt + r * Dp + c)), df, dq + r * Dp + c);
+            } else {
+              Gemm(S, kBr, 1, qt.dOr, DVp, dV, DVp, nk, DVp, n);
+              Gemm(dP, kBr, 1, qt.Qr, Dp, dK, Dp, nk, Dp, n);
+              Gemm(dP, 1, kBr, Kj, Dp, dq, Dp, n, Dp, nk);
+            }
           }
         }
         for (int j = 0; j < nk; ++j) {

@@ -3,6 +3,7 @@
 
 #include "attention_case.hpp"
 #include "core/problem.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/reference.hpp"
 
 namespace tileattn::test {
@@ -22,11 +23,13 @@ Grads run_backward(const Case& c, CaseTensors& t, Backend backend, bool input_dt
   return {t.dq.to_f64(), t.dk.to_f64(), t.dv.to_f64()};
 }
 
-TEST(FlashBackward, RandomSweepMatchesReference) {
+// dQ, dK and dV of `iterations` cases from make_case(rng) against the oracle by the tolerance rule.
+template <class MakeCase>
+void expect_sweep_matches_reference(int iterations, MakeCase make_case) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  for (int it = 0; it < 200; ++it) {
-    const Case c = random_case(rng, 110);
+  for (int it = 0; it < iterations; ++it) {
+    const Case c = make_case(rng);
     CaseTensors t(c, rng);
     const std::string ctx = "seed " + std::to_string(seed) + " case " + std::to_string(it) + ": " + c.str();
     // Both backends differentiate the same forward: the reference's out and lse.
@@ -51,6 +54,23 @@ TEST(FlashBackward, RandomSweepMatchesReference) {
                                 [&] { return used_rows(c, baseline().dv, vr); })) << "dv, " << ctx;
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+TEST(FlashBackward, RandomSweepMatchesReference) {
+  expect_sweep_matches_reference(200, [](std::mt19937_64& rng) { return random_case(rng, 110); });
+}
+
+// bf16 at the head dims models use, over several key and query tiles: on a CPU with AMX these run
+// the five tile products on it, elsewhere the widening path.
+TEST(FlashBackward, Bf16ModelHeadDimsMatchReference) {
+  RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
+  expect_sweep_matches_reference(40, [](std::mt19937_64& rng) {
+    Case c = random_case(rng, 200);
+    c.dtype = DType::bf16;
+    c.hdim = std::vector<int>{32, 64, 64, 96, 128, 128, 256}[std::uniform_int_distribution<int>(0, 6)(rng)];
+    if (std::bernoulli_distribution(0.7)(rng)) c.hdim_v = c.hdim;
+    return c;
+  });
 }
 
 // options.deterministic: bitwise the same gradients across runs and thread counts.
