@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU tests (CTest label cpu) on this machine's processor: on a Xeon with AMX (Sapphire Rapids
-# or later) they run the bf16 forward's tile path, which machines without AMX, CI's among them,
-# never reach.
+# or later) they run the bf16 forward's and backward's tile paths, which machines without AMX, CI's
+# among them, never reach.
 set -uo pipefail
 cd "$BUILD"
 ctest -L cpu --output-on-failure -j "$(nproc)" --timeout 600 >"$OUT/test-cpu.log" 2>&1
