@@ -17,7 +17,9 @@ namespace tileattn::cpu::amx {
 #if TILEATTN_HAVE_AMX
 
 // GCC 12's AVX-512 headers build results from _mm512_undefined_*() and warn about it once inlined.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace {
 
