@@ -16,10 +16,15 @@
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
 
+// Keys per step of AttendTileAmx: twice kBc, so that each output tile the P V product loads
+// accumulates over 128 keys, and the step's fixed work is shared by twice the keys (measured 3-10%
+// faster than 64).
+inline constexpr int kAmxKeys = 128;
+
 // Floats of per-thread tiles AttendTileAmx needs (bf16 and fp32 pieces, each a multiple of 64 bytes).
 inline std::size_t amx_tile_floats(int d, int dv) {
-  const std::size_t dp = amx::pad32(d), dvp = amx::pad16(dv);
-  return dp * kBr / 2 + kBc * dp / 2 + kBr * kBc / 2 + kBc * dvp / 2 + kBc * kBr + kBr * dvp + 3 * kBr + dvp;
+  const std::size_t dp = amx::pad32(d), dvp = amx::pad16(dv), kc = kAmxKeys;
+  return dp * kBr / 2 + kc * dp / 2 + kBr * kc / 2 + kc * dvp / 2 + kc * kBr + kBr * dvp + 3 * kBr + dvp;
 }
 
 // O[r][:] *= alpha[r] for the valid rows whose running max moved (alpha != 1).
@@ -42,11 +47,11 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
                    std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, int lo, int hi, float* tiles, Emit emit) {
   const int dp = amx::pad32(sh.d), dvp = amx::pad16(sh.dv);
   auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
-  auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kBc][dp]
-  std::uint16_t* pb = stage + kBc * dp;                                // [kBr][kBc]
-  std::uint16_t* vv = pb + kBr * kBc;                                  // [kBc / 2][2 dvp] pairs
-  float* S = reinterpret_cast<float*>(vv + kBc * dvp);                 // [kBc][kBr]
-  float* O = S + kBc * kBr;                                            // [kBr][dvp]
+  auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kAmxKeys][dp]
+  std::uint16_t* pb = stage + kAmxKeys * dp;                           // [kBr][kAmxKeys]
+  std::uint16_t* vv = pb + kBr * kAmxKeys;                             // [kAmxKeys / 2][2 dvp] pairs
+  float* S = reinterpret_cast<float*>(vv + kAmxKeys * dvp);            // [kAmxKeys][kBr]
+  float* O = S + kAmxKeys * kBr;                                       // [kBr][dvp]
   float* m = O + kBr * dvp;
   float* l = m + kBr;
   float* alpha = l + kBr;
@@ -58,8 +63,11 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
   const amx::Session session;
   const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
   bool first = true;
-  for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
-    const int nk = std::min(kBc, key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
+  // Without ALiBi or a softcap, a tile inside every row's key range needs only the scale, which
+  // the softmax applies on its way (no pass of its own).
+  const bool scale_only = !sh.alibi && sh.sm.softcap <= 0.f;
+  for (int j0 = key_lo; j0 < key_hi; j0 += kAmxKeys) {
+    const int nk = std::min(kAmxKeys, key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
     // K's rows are the A operand where they lie, unless a tile would end mid-row or mid-key block.
     const void* kt = k + j0 * ks;
     std::ptrdiff_t kts = ks;
@@ -68,8 +76,13 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
       kt = stage, kts = dp * 2;
     }
     amx::product(kt, kts, qt, kRow, S, kRow, keys16, kBr, dp, false);
-    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk));
-    SoftmaxStep(S, nk, m, l, alpha);
+    const bool masked = !rows.full(j0, j0 + nk);
+    if (scale_only && !masked) {
+      SoftmaxStep(S, nk, m, l, alpha, sh.sm.scale * kLog2e);
+    } else {
+      ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, masked);
+      SoftmaxStep(S, nk, m, l, alpha);
+    }
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
     if (!first) RescaleRows(O, dvp, rows.n, alpha);
     amx::transpose_round(S, nk, keys32, pb);

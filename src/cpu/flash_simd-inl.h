@@ -317,21 +317,23 @@ HWY_INLINE void SoftmaxInit(float* m, float* l) {
   }
 }
 
-// One key tile: turns the scores S^T [nk][kBr] (log2 units) into probabilities against the new
+// One key tile: turns the scores S^T [nk][kBr], in log2 units once multiplied by `scale` (> 0;
+// folding a plain scale in here saves a pass over the tile), into probabilities against the new
 // running max, and writes alpha, the factor each row's output so far must be rescaled by.
-HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha) {
+HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  const VF c = hn::Set(d, scale);
   for (int v = 0; v < kBr; v += N) {
     VF mt = hn::Set(d, -kInf);
     for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
     const VF m_old = hn::LoadU(d, m + v);
-    const VF m_new = hn::Max(m_old, mt);
+    const VF m_new = hn::Max(m_old, hn::Mul(mt, c));
     // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its terms at 0.
     const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
     VF sum = hn::Zero(d);
     for (int jj = 0; jj < nk; ++jj) {
-      const VF pj = Exp2(d, hn::Sub(hn::LoadU(d, S + jj * kBr + v), m_safe));
+      const VF pj = Exp2(d, hn::MulSub(hn::LoadU(d, S + jj * kBr + v), c, m_safe));
       hn::StoreU(pj, d, S + jj * kBr + v);
       sum = hn::Add(sum, pj);
     }
