@@ -150,13 +150,16 @@ TILEATTN_AMX_TARGET void product(const void* a, std::ptrdiff_t as, const void* b
   }
 }
 
-void stage_rows(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst) {
-  const int w = pad32(cols);
+const void* rows_operand(const void* src, std::ptrdiff_t& stride, int rows, int cols, std::uint16_t* stage) {
+  const int w = pad32(cols), rows_pad = pad16(rows);
+  if (w == cols && rows_pad == rows) return src;
   for (int j = 0; j < rows_pad; ++j) {
     const int n = j < rows ? cols : 0;
-    if (n > 0) std::memcpy(dst + j * w, static_cast<const char*>(src) + j * stride, n * sizeof(std::uint16_t));
-    std::memset(dst + j * w + n, 0, (w - n) * sizeof(std::uint16_t));
+    if (n > 0) std::memcpy(stage + j * w, static_cast<const char*>(src) + j * stride, n * sizeof(std::uint16_t));
+    std::memset(stage + j * w + n, 0, (w - n) * sizeof(std::uint16_t));
   }
+  stride = w * static_cast<std::ptrdiff_t>(sizeof(std::uint16_t));
+  return stage;
 }
 
 void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int cols, int width, std::uint32_t* dst) {
@@ -221,7 +224,7 @@ bool available() { return false; }
 Session::Session() {}
 Session::~Session() {}
 void product(const void*, std::ptrdiff_t, const void*, std::ptrdiff_t, float*, std::ptrdiff_t, int, int, int, bool) {}
-void stage_rows(const void*, std::ptrdiff_t, int, int, int, std::uint16_t*) {}
+const void* rows_operand(const void* src, std::ptrdiff_t&, int, int, std::uint16_t*) { return src; }
 void pack_column_pairs(const void*, std::ptrdiff_t, int, int, int, std::uint32_t*) {}
 void pack_row_pairs(const void*, std::ptrdiff_t, int, int, int, std::uint16_t*) {}
 void transpose_round(const float*, int, int, std::uint16_t*) {}

@@ -35,10 +35,11 @@ class Session {
 void product(const void* a, std::ptrdiff_t a_stride, const void* b, std::ptrdiff_t b_stride, float* c,
              std::ptrdiff_t c_stride, int m, int n, int k, bool acc);
 
-// dst[j][c] = src_j[c] for j < rows, c < cols; zero for c < pad32(cols) and rows up to `rows_pad`
-// (src_j at src + j * stride bytes; dst rows pad32(cols) bf16 apart). For an A operand read in
-// place when its rows or columns would end mid-tile.
-void stage_rows(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst);
+// `rows` rows of `cols` bf16 (row j at src + j * stride bytes) as an A operand of pad16(rows) rows
+// and pad32(cols) columns: src itself where those are whole tiles, else a zero-padded copy in
+// `stage` (room for pad16(rows) * pad32(cols) bf16). Returns the operand; stride becomes its row
+// stride.
+const void* rows_operand(const void* src, std::ptrdiff_t& stride, int rows, int cols, std::uint16_t* stage);
 
 // The columns of `rows` rows (row r at src + r * stride bytes) as the B operand of a product over
 // them: dst[p][r] = (x_r[2p], x_r[2p + 1]) as one 32-bit word, p < pad32(cols) / 2, r < width;

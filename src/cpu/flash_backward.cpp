@@ -150,8 +150,8 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
     float* Th = dP + kBc * kBr;                    // [kBc][kBr] tanh under the softcap
     float* Kj = Th + kBc * kBr;                    // FMA: [kBc][Dp]
     float* Vj = Kj + kBc * Dp;                     // FMA: [kBc][DV]
-    // AMX: K and V staged where a tile would end mid-row, K in key pairs (the B of dQ += dS K), P^T
-    // and dS^T rounded (the A of dV and dK), dS rounded (the A of dQ), and dQ's tile.
+    // AMX: K and V staged where a tile would end mid-row or mid-key block, K in key pairs (the B of
+    // dQ += dS K), P^T and dS^T rounded (the A of dV and dK), dS rounded (the A of dQ), dQ's tile.
     auto* Ks = reinterpret_cast<std::uint16_t*>(Th + kBc * kBr);  // [kBc][Dk]
     std::uint16_t* Vs = Ks + kBc * Dk;                            // [kBc][DVk]
     std::uint16_t* K2 = Vs + kBc * DVk;                           // [kBc / 2][2 Dp]
@@ -174,13 +174,13 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       for (int j0 = grp * kBc; j0 < s.sk; j0 += groups * kBc) {
         const int nk = std::min(kBc, s.sk - j0), j1 = j0 + nk;
         const int keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
-        // AMX reads K's and V's rows in place as the A of S^T and dP^T where tiles end with them.
-        const void* kt = kbase + j0 * ks;
-        const void* vt = vbase + j0 * vs;
+        // AMX: K's and V's rows are the A of S^T and dP^T.
+        const void* kt = nullptr;
+        const void* vt = nullptr;
         std::ptrdiff_t kts = ks, vts = vs;
         if (on_amx) {
-          if (Dk != D || keys16 != nk) amx::stage_rows(kt, ks, nk, keys16, D, Ks), kt = Ks, kts = Dk * 2;
-          if (DVk != DV || keys16 != nk) amx::stage_rows(vt, vs, nk, keys16, DV, Vs), vt = Vs, vts = DVk * 2;
+          kt = amx::rows_operand(kbase + j0 * ks, kts, nk, D, Ks);
+          vt = amx::rows_operand(vbase + j0 * vs, vts, nk, DV, Vs);
           amx::pack_row_pairs(kbase + j0 * ks, ks, nk, keys32, D, K2);
         } else {
           LoadTile<T>([&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); }, j0, nk, D, Dp, Kj);

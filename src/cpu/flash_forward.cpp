@@ -40,11 +40,12 @@ HWY_INLINE void RescaleRows(float* O, int dvp, int n, const float* alpha) {
 
 // AttendTile for bf16 with the tile products on AMX: the same scores, mask and online softmax, with
 // S^T = K Q^T and O += P V multiplied from bf16 operands (K and V read where they lie, Q packed once
-// per query tile, P rounded to bf16 as on the GPU) into fp32. Query row r lies at q + r * qs, key
-// row j at k + j * ks and v + j * vs (bytes).
+// per query tile, P rounded to bf16 as on the GPU) into fp32, over the rows' keys [key_lo, key_hi)
+// (the mask keeps them inside the sequence). Query row r lies at q + r * qs, key row j at
+// k + j * ks and v + j * vs (bytes).
 template <class Emit>
 void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, std::ptrdiff_t qs, const char* k,
-                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, int lo, int hi, float* tiles, Emit emit) {
+                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, float* tiles, Emit emit) {
   const int dp = amx::pad32(sh.d), dvp = amx::pad16(sh.dv);
   auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
   auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kAmxKeys][dp]
@@ -61,20 +62,14 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
   amx::pack_column_pairs(q, qs, rows.n, sh.d, kBr, qt);
   SoftmaxInit(m, l);
   const amx::Session session;
-  const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
   bool first = true;
   // Without ALiBi or a softcap, a tile inside every row's key range needs only the scale, which
   // the softmax applies on its way (no pass of its own).
   const bool scale_only = !sh.alibi && sh.sm.softcap <= 0.f;
-  for (int j0 = key_lo; j0 < key_hi; j0 += kAmxKeys) {
-    const int nk = std::min(kAmxKeys, key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
-    // K's rows are the A operand where they lie, unless a tile would end mid-row or mid-key block.
-    const void* kt = k + j0 * ks;
+  for (int j0 = rows.key_lo; j0 < rows.key_hi; j0 += kAmxKeys) {
+    const int nk = std::min(kAmxKeys, rows.key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
     std::ptrdiff_t kts = ks;
-    if (dp != sh.d || keys16 != nk) {
-      amx::stage_rows(kt, ks, nk, keys16, sh.d, stage);
-      kt = stage, kts = dp * 2;
-    }
+    const void* kt = amx::rows_operand(k + j0 * ks, kts, nk, sh.d, stage);
     amx::product(kt, kts, qt, kRow, S, kRow, keys16, kBr, dp, false);
     const bool masked = !rows.full(j0, j0 + nk);
     if (scale_only && !masked) {
@@ -141,7 +136,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
       const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
       if (on_amx) {
         const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;
-        AttendTileAmx(sh, rows, q0, qs, kbase, ks, vbase, vs, 0, s.sk, tiles, emit);
+        AttendTileAmx(sh, rows, q0, qs, kbase, ks, vbase, vs, tiles, emit);
         continue;
       }
       // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
