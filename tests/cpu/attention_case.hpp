@@ -95,6 +95,16 @@ inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
   return c;
 }
 
+// A random case in bf16 at the head dims models use (over up to max_len keys, several tiles): on a
+// CPU with AMX these take the tile-unit paths.
+inline Case random_bf16_model_case(std::mt19937_64& rng, int max_len) {
+  Case c = random_case(rng, max_len);
+  c.dtype = DType::bf16;
+  c.hdim = std::vector<int>{32, 64, 64, 96, 128, 128, 256}[std::uniform_int_distribution<int>(0, 6)(rng)];
+  if (std::bernoulli_distribution(0.7)(rng)) c.hdim_v = c.hdim;
+  return c;
+}
+
 // Host tensors of one case, filled with N(0, 1) inputs (slopes in (0, 0.5)).
 struct CaseTensors {
   HostTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes;

@@ -64,13 +64,7 @@ TEST(FlashBackward, RandomSweepMatchesReference) {
 // the five tile products on it, elsewhere the widening path.
 TEST(FlashBackward, Bf16ModelHeadDimsMatchReference) {
   RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
-  expect_sweep_matches_reference(40, [](std::mt19937_64& rng) {
-    Case c = random_case(rng, 200);
-    c.dtype = DType::bf16;
-    c.hdim = std::vector<int>{32, 64, 64, 96, 128, 128, 256}[std::uniform_int_distribution<int>(0, 6)(rng)];
-    if (std::bernoulli_distribution(0.7)(rng)) c.hdim_v = c.hdim;
-    return c;
-  });
+  expect_sweep_matches_reference(40, [](std::mt19937_64& rng) { return random_bf16_model_case(rng, 200); });
 }
 
 // options.deterministic: bitwise the same gradients across runs and thread counts.

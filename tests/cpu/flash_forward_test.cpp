@@ -66,13 +66,7 @@ TEST(FlashForward, RandomSweepMatchesReference) {
 // products on it (operands in bf16, K and V read in place), elsewhere the widening path.
 TEST(FlashForward, Bf16ModelHeadDimsMatchReference) {
   RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
-  expect_sweep_matches_reference(60, [](std::mt19937_64& rng) {
-    Case c = random_case(rng, 300);
-    c.dtype = DType::bf16;
-    c.hdim = std::vector<int>{32, 64, 64, 96, 128, 128, 256}[std::uniform_int_distribution<int>(0, 6)(rng)];
-    if (std::bernoulli_distribution(0.7)(rng)) c.hdim_v = c.hdim;
-    return c;
-  });
+  expect_sweep_matches_reference(60, [](std::mt19937_64& rng) { return random_bf16_model_case(rng, 300); });
 }
 
 // Rows that see no key: out = 0, lse = -inf, and no NaN anywhere.
