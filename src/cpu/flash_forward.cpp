@@ -1,16 +1,18 @@
 // FlashAttention-2 forward on the CPU: one task per (sequence, query head, query tile), each
-// streaming its keys through AttendTile. fp32 K and V are read in place; fp16/bf16 key tiles are
-// widened into a per-thread tile, so nothing larger than a tile is ever allocated. Where the CPU
-// has AMX, bf16 runs the tile products on it from the inputs as they are (AttendTileAmx).
+// streaming its keys through AttendTile, from the inputs or from KVCopy's dense copy of them. Dense
+// fp32 K and V are read in place; fp16/bf16 key tiles are widened into a per-thread tile. Where
+// the CPU has AMX, bf16 runs the tile products on it from the rows as they are (AttendTileAmx).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "core/backends.hpp"
 #include "cpu/amx.hpp"
+#include "cpu/kv_copy.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -100,52 +102,64 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   sh.drop = p.dropout(a.options);
   const std::size_t es = sizeof(T);
   const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
-  const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
-  const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
   const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
-  parallel_for(static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks, [&](std::int64_t begin, std::int64_t end) {
-    float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
-                                              : attend_tile_floats(p.hdim_qk, p.hdim_v));
-    TileRows rows;
-    for (std::int64_t t = begin; t < end; ++t) {
-      const int qb = static_cast<int>(t % qblocks);
-      const int h = static_cast<int>(t / qblocks % p.heads_q);
-      const int b = static_cast<int>(t / qblocks / p.heads_q);
-      const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      const int i0 = qb * flash::kBr;
-      if (i0 >= s.sq) continue;
-      const int n = std::min(flash::kBr, s.sq - i0);
-      const int g = h / p.group();
-      const Mask mask = p.mask(s.sq, s.sk);
-      const float slope = alibi_slope(p, a.alibi_slopes, b, h);
-      const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
-      rows.reset();
-      for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
-      rows.finish(n);
-      auto qrow = [&](int r, float* dst) {
-        LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
-                                           elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
-                dst, p.hdim_qk);
-      };
-      auto emit = [&](int r, const float* o, float lse) {
-        const std::int64_t row = s.q0 + i0 + r;
-        StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
-        if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
-      };
-      const char* kbase = static_cast<const char*>(a.k.data) + elem(a.k, p.varlen, b, s.k0, g) * es;
-      const char* vbase = static_cast<const char*>(a.v.data) + elem(a.v, p.varlen, b, s.k0, g) * es;
-      if (on_amx) {
+  // A caller's workspace below workspace_size bounds the copies (more waves).
+  const KVCopy kv(p, a, a.options.workspace != nullptr ? a.options.workspace_bytes : kKVCopyBudget);
+  flash::Workspace ws(a.options, kv.bytes());
+  char* copies = reinterpret_cast<char*>(ws.floats(kv.bytes() / sizeof(float)));
+  const int pairs = p.batch * p.heads_kv, group = p.group();
+  for (int u0 = 0; u0 < pairs; u0 += kv.wave()) {
+    const int u1 = std::min(pairs, u0 + kv.wave());
+    kv.fill(copies, u0, u1);
+    // Tasks (pair, query head of its group, query tile), the tile fastest.
+    parallel_for(static_cast<std::int64_t>(u1 - u0) * group * qblocks, [&](std::int64_t begin, std::int64_t end) {
+      float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
+                                                : attend_tile_floats(p.hdim_qk, p.hdim_v));
+      TileRows rows;
+      for (std::int64_t t = begin; t < end; ++t) {
+        const int qb = static_cast<int>(t % qblocks);
+        const int u = u0 + static_cast<int>(t / qblocks / group), b = u / p.heads_kv, g = u % p.heads_kv;
+        const int h = g * group + static_cast<int>(t / qblocks % group);
+        const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+        const int i0 = qb * flash::kBr;
+        if (i0 >= s.sq) continue;
+        const int n = std::min(flash::kBr, s.sq - i0);
+        const Mask mask = p.mask(s.sq, s.sk);
+        const float slope = alibi_slope(p, a.alibi_slopes, b, h);
+        const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
         const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;
-        AttendTileAmx(sh, rows, q0, qs, kbase, ks, vbase, vs, tiles, emit);
-        continue;
+        // Query rows heads * d apart each start on a new page: ask for all of them at once
+        // rather than one miss after another as the tile is read.
+        for (int r = 0; r < n; ++r)
+          for (std::size_t c = 0; c < p.hdim_qk * es; c += 64) hwy::Prefetch(q0 + r * qs + c);
+        rows.reset();
+        for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
+        rows.finish(n);
+        auto qrow = [&](int r, float* dst) {
+          LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
+                                             elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
+                  dst, p.hdim_qk);
+        };
+        auto emit = [&](int r, const float* o, float lse) {
+          const std::int64_t row = s.q0 + i0 + r;
+          StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
+          if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
+        };
+        const KVRows kvr = kv.rows(copies, u0, u);
+        if (on_amx) {
+          AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, tiles, emit);
+          continue;
+        }
+        // Dense fp32 rows are read where they lie; others are copied a tile at a time, 16-bit
+        // ones widened on the way.
+        const bool f32 = std::is_same_v<T, float>;
+        const std::ptrdiff_t ldk = f32 && kvr.ks == 4 * sh.d ? sh.d : 0, ldv = f32 && kvr.vs == 4 * sh.dv ? sh.dv : 0;
+        AttendTile<T>(
+            sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kvr.k + j * kvr.ks); },
+            [&](int j) { return reinterpret_cast<const T*>(kvr.v + j * kvr.vs); }, ldk, ldv, 0, s.sk, tiles, emit);
       }
-      // fp32 rows are read where they lie; 16-bit ones are widened a tile at a time.
-      const std::ptrdiff_t ldk = std::is_same_v<T, float> ? ks / 4 : 0, ldv = std::is_same_v<T, float> ? vs / 4 : 0;
-      AttendTile<T>(
-          sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kbase + j * ks); },
-          [&](int j) { return reinterpret_cast<const T*>(vbase + j * vs); }, ldk, ldv, 0, s.sk, tiles, emit);
-    }
-  });
+    });
+  }
 }
 
 void FlashForward(const Problem& p, const ForwardArgs& a) {
@@ -166,8 +180,7 @@ HWY_EXPORT(FlashForward);
 
 void flash_forward(const Problem& p, const ForwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashForward)(p, a); }
 
-// The forward keeps nothing between tiles but the LSE it writes to the caller's tensor.
-std::size_t workspace_size(const Problem&, const ForwardArgs&) { return 0; }
+std::size_t workspace_size(const Problem& p, const ForwardArgs& a) { return KVCopy(p, a, kKVCopyBudget).bytes(); }
 
 }  // namespace tileattn::cpu
 #endif

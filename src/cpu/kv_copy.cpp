@@ -1,0 +1,65 @@
+#include "cpu/kv_copy.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/flash_common.hpp"
+#include "cpu/parallel.hpp"
+#include "cpu/tensor_io.hpp"
+
+namespace tileattn::cpu {
+namespace {
+
+// Rows copied per parallel chunk.
+constexpr int kChunkRows = 256;
+
+std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
+
+}  // namespace
+
+KVCopy::KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget) : p_(p), a_(a), es_(dtype_size(p.dtype)) {
+  ks_ = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * static_cast<std::int64_t>(es_);
+  vs_ = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * static_cast<std::int64_t>(es_);
+  const int pairs = p.batch * p.heads_kv;
+  wave_ = std::max(pairs, 1);
+  const bool dense = ks_ == static_cast<std::int64_t>(p.hdim_qk * es_) && vs_ == static_cast<std::int64_t>(p.hdim_v * es_);
+  const std::int64_t readers = static_cast<std::int64_t>(p.group()) * ((p.seqlen_q + flash::kBr - 1) / flash::kBr);
+  if (dense || readers < 2 || p.seqlen_k == 0 || pairs == 0) return;
+  k_bytes_ = round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_qk * es_);
+  slot_bytes_ = k_bytes_ + round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_v * es_);
+  slots_ = static_cast<int>(std::clamp<std::size_t>(budget / slot_bytes_, 1, pairs));
+  wave_ = slots_;
+}
+
+void KVCopy::fill(char* ws, int u0, int u1) const {
+  if (slots_ == 0) return;
+  const int chunks = (p_.seqlen_k + kChunkRows - 1) / kChunkRows;
+  const std::size_t krow = p_.hdim_qk * es_, vrow = p_.hdim_v * es_;
+  parallel_for(static_cast<std::int64_t>(u1 - u0) * chunks, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t t = begin; t < end; ++t) {
+      const int u = u0 + static_cast<int>(t / chunks), b = u / p_.heads_kv, g = u % p_.heads_kv;
+      const Seq s = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, b);
+      const int j0 = static_cast<int>(t % chunks) * kChunkRows, j1 = std::min(s.sk, j0 + kChunkRows);
+      const char* k = static_cast<const char*>(a_.k.data) + elem(a_.k, p_.varlen, b, s.k0, g) * es_;
+      const char* v = static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_;
+      char* slot = ws + (u - u0) * slot_bytes_;
+      for (int j = j0; j < j1; ++j) {
+        std::memcpy(slot + j * krow, k + j * ks_, krow);
+        std::memcpy(slot + k_bytes_ + j * vrow, v + j * vs_, vrow);
+      }
+    }
+  });
+}
+
+KVRows KVCopy::rows(const char* ws, int u0, int u) const {
+  const int b = u / p_.heads_kv, g = u % p_.heads_kv;
+  if (slots_ == 0) {
+    const Seq s = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, b);
+    return {static_cast<const char*>(a_.k.data) + elem(a_.k, p_.varlen, b, s.k0, g) * es_, ks_,
+            static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_, vs_};
+  }
+  const char* slot = ws + static_cast<std::size_t>(u - u0) * slot_bytes_;
+  return {slot, static_cast<std::ptrdiff_t>(p_.hdim_qk * es_), slot + k_bytes_, static_cast<std::ptrdiff_t>(p_.hdim_v * es_)};
+}
+
+}  // namespace tileattn::cpu

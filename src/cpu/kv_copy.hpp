@@ -1,0 +1,49 @@
+// The forward's key and value rows, copied side by side where they lie apart. Every query tile of
+// a (sequence, KV head) streams all of its keys; rows heads * d apart (BSHD, packed varlen) put a
+// few rows on each page and in a few cache sets, and each of those tiles paid for that again.
+// Such pairs are copied once, in waves of whole pairs through a bounded workspace, and the query
+// tiles read the copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.hpp"
+
+namespace tileattn::cpu {
+
+// Pair u = b * heads_kv + g's key rows at k (ks bytes apart) and value rows at v (vs apart).
+struct KVRows {
+  const char* k;
+  std::ptrdiff_t ks;
+  const char* v;
+  std::ptrdiff_t vs;
+};
+
+// Bytes of copies held at once unless the caller's workspace says otherwise: a wave of pairs
+// gives every thread many query tiles long before this on the shapes that need copies.
+inline constexpr std::size_t kKVCopyBudget = std::size_t{64} << 20;
+
+class KVCopy {
+ public:
+  // Waves of as many pairs as fit in budget bytes (at least one).
+  KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget);
+
+  // Workspace the copies need: 0 where the rows are dense already or each is read once anyway.
+  std::size_t bytes() const { return static_cast<std::size_t>(slots_) * slot_bytes_; }
+  // Pairs per wave: fill() those, then attend their query tiles.
+  int wave() const { return wave_; }
+  // Copies pairs [u0, u1) (one wave) into ws, in parallel.
+  void fill(char* ws, int u0, int u1) const;
+  // Pair u's rows, from ws when the wave holding u (which starts at u0) was copied there.
+  KVRows rows(const char* ws, int u0, int u) const;
+
+ private:
+  const Problem& p_;
+  const ForwardArgs& a_;
+  std::size_t es_ = 0, k_bytes_ = 0, slot_bytes_ = 0;
+  std::int64_t ks_ = 0, vs_ = 0;  // the caller's row strides, bytes
+  int slots_ = 0, wave_ = 1;
+};
+
+}  // namespace tileattn::cpu
