@@ -24,12 +24,13 @@ HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape, std::vector
     s *= shape_[order[k]];
   }
   numel_ = s;
-  bytes_.assign(static_cast<std::size_t>(numel_ * dtype_size(dtype_)) + 1, 0);
+  bytes_.assign(static_cast<std::size_t>(numel_ * dtype_size(dtype_)) + 64, 0);
+  shift_ = (64 - reinterpret_cast<std::uintptr_t>(bytes_.data()) % 64) % 64;
 }
 
 TensorView HostTensor::view() const {
   TensorView t;
-  t.data = const_cast<unsigned char*>(bytes_.data());
+  t.data = const_cast<unsigned char*>(bytes_.data()) + shift_;
   t.dtype = dtype_;
   t.ndim = static_cast<int>(shape_.size());
   for (int d = 0; d < t.ndim; ++d) {
@@ -49,7 +50,7 @@ std::int64_t HostTensor::offset(std::int64_t i) const {
 }
 
 double HostTensor::get(std::int64_t i) const {
-  const unsigned char* p = bytes_.data() + offset(i) * dtype_size(dtype_);
+  const unsigned char* p = bytes_.data() + shift_ + offset(i) * dtype_size(dtype_);
   std::uint16_t h;
   switch (dtype_) {
     case DType::f32: {
@@ -69,7 +70,7 @@ double HostTensor::get(std::int64_t i) const {
 }
 
 void HostTensor::set(std::int64_t i, double v) {
-  unsigned char* p = bytes_.data() + offset(i) * dtype_size(dtype_);
+  unsigned char* p = bytes_.data() + shift_ + offset(i) * dtype_size(dtype_);
   std::uint16_t h;
   switch (dtype_) {
     case DType::f32: {

@@ -21,7 +21,7 @@ class HostTensor {
   DType dtype() const { return dtype_; }
   const std::vector<std::int64_t>& shape() const { return shape_; }
   std::int64_t numel() const { return numel_; }
-  void* data() { return bytes_.data(); }
+  void* data() { return bytes_.data() + shift_; }
 
   // Logical row-major index <-> value; set rounds to the dtype.
   double get(std::int64_t i) const;
@@ -40,6 +40,7 @@ class HostTensor {
   std::vector<std::int64_t> shape_, stride_;
   std::int64_t numel_ = 0;
   std::vector<unsigned char> bytes_;
+  std::size_t shift_ = 0;  // to the first 64-byte boundary, where PyTorch's allocator puts tensors
 };
 
 HostTensor int_tensor(const std::vector<std::int32_t>& values);
