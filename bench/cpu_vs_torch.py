@@ -2,13 +2,16 @@
 """tileattn's CPU flash attention against PyTorch's CPU scaled_dot_product_attention.
 
 usage: python3 bench/cpu_vs_torch.py OUTDIR [--threads N] [--cli PATH] [--commit SHA] [--budget SECONDS]
-                                     [--rounds R]
+                                     [--rounds R] [--layout bshd|bhsd]
 
 Forward and backward, fp32 and bf16, seqlen 1k to 8k, head dims 64 and 128 at model width 1024
 (heads = 1024 / hdim), batch 1; non-causal first, then causal while the time budget lasts. Both
 sides use the same thread count: ours through `tileattn bench --json --threads N` (which also checks
 its results against the fp64 reference), PyTorch through torch.set_num_threads(N) with its CPU flash
-kernel forced. Writes OUTDIR/<date>-cpu-fwd-bwd.json in the DESIGN.md record format and prints our
+kernel forced. Both read q, k, v (and write the gradients) in one layout: bshd, [batch, seqlen,
+heads, d] as tileattn's API and FlashAttention take them (PyTorch gets the [batch, heads, seqlen,
+d] view of that memory), or bhsd, PyTorch's own contiguous layout. Writes
+OUTDIR/<date>-cpu-fwd-bwd-<layout>.json in the DESIGN.md record format and prints our
 speedup over PyTorch per row. On a shared host, --rounds R runs the whole grid R times, ours and
 PyTorch's taking turns, and keeps each row's fastest time.
 """
@@ -50,33 +53,39 @@ def median_ms(fn, n):
     return statistics.median(times)
 
 
-def row(grid, impl, dtype, batch, seqlen, heads, hdim, causal, ms, flops):
+def row(grid, impl, layout, dtype, batch, seqlen, heads, hdim, causal, ms, flops):
     return {"grid": grid, "impl": impl, "dtype": dtype, "batch": batch, "seqlen_q": seqlen,
             "seqlen_k": seqlen, "heads_q": heads, "heads_kv": heads, "hdim": hdim, "causal": causal,
-            "page_size": None, "ms": ms, "tflops": flops / ms / 1e9, "tbps": None}
+            "page_size": None, "ms": ms, "tflops": flops / ms / 1e9, "tbps": None, "layout": layout}
 
 
-def torch_rows(dtype, batch, heads, hdim, seqlens, causal):
+def torch_tensor(layout, batch, heads, seqlen, hdim, dtype):
+    """A [batch, heads, seqlen, hdim] tensor whose memory is laid out as `layout`."""
+    if layout == "bhsd":
+        return torch.randn(batch, heads, seqlen, hdim, dtype=dtype)
+    return torch.randn(batch, seqlen, heads, hdim, dtype=dtype).transpose(1, 2)
+
+
+def torch_rows(layout, dtype, batch, heads, hdim, seqlens, causal):
     out = []
     for s in seqlens:
         ff = fwd_flops(batch, heads, s, hdim, causal)
         n = repeats(ff)
-        # [batch, heads, seqlen, hdim] contiguous: PyTorch's own preferred layout.
-        q, k, v, do = (torch.randn(batch, heads, s, hdim, dtype=TORCH_DTYPES[dtype]) for _ in range(4))
+        q, k, v, do = (torch_tensor(layout, batch, heads, s, hdim, TORCH_DTYPES[dtype]) for _ in range(4))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             with torch.no_grad():
                 ms = median_ms(lambda: sdpa(q, k, v, is_causal=causal), n)
-            out.append(row("cpu-fwd", "torch-cpu", dtype, batch, s, heads, hdim, causal, ms, ff))
+            out.append(row("cpu-fwd", "torch-cpu", layout, dtype, batch, s, heads, hdim, causal, ms, ff))
             for t in (q, k, v):
                 t.requires_grad_(True)
             o = sdpa(q, k, v, is_causal=causal)
             ms = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), n)
-            out.append(row("cpu-bwd", "torch-cpu", dtype, batch, s, heads, hdim, causal, ms, 2.5 * ff))
+            out.append(row("cpu-bwd", "torch-cpu", layout, dtype, batch, s, heads, hdim, causal, ms, 2.5 * ff))
     return out
 
 
-def tileattn_rows(cli, threads, dtype, batch, heads, hdim, seqlens, causal):
-    cmd = [cli, "bench", "--json", "--bwd", "--no-standard", "--backend", "cpu_flash",
+def tileattn_rows(cli, threads, layout, dtype, batch, heads, hdim, seqlens, causal):
+    cmd = [cli, "bench", "--json", "--bwd", "--no-standard", "--backend", "cpu_flash", "--layout", layout,
            "--threads", str(threads), "--dtype", CLI_DTYPES[dtype], "--batch", str(batch),
            "--heads", str(heads), "--hdim", str(hdim), "--seqlens", ",".join(map(str, seqlens))]
     if causal:
@@ -146,6 +155,8 @@ def main():
     ap.add_argument("--budget", type=float, default=230.0,
                     help="seconds per round; causal configurations run only while they fit")
     ap.add_argument("--rounds", type=int, default=1, help="runs of the whole grid; each row keeps its fastest")
+    ap.add_argument("--layout", choices=("bshd", "bhsd"), default="bshd",
+                    help="memory layout of q, k, v and the gradients, the same on both sides")
     args = ap.parse_args()
     seqlens = [int(x) for x in args.seqlens.split(",")]
     hdims = [int(x) for x in args.hdims.split(",")]
@@ -166,8 +177,9 @@ def main():
                             continue
                     t0 = time.perf_counter()
                     heads = WIDTH // hdim
-                    for r in (tileattn_rows(args.cli, args.threads, dtype, 1, heads, hdim, seqlens, causal) +
-                              torch_rows(dtype, 1, heads, hdim, seqlens, causal)):
+                    for r in (tileattn_rows(args.cli, args.threads, args.layout, dtype, 1, heads, hdim, seqlens,
+                                            causal) +
+                              torch_rows(args.layout, dtype, 1, heads, hdim, seqlens, causal)):
                         k = (r["grid"], r["impl"], r["dtype"], r["hdim"], r["causal"], r["seqlen_q"])
                         if k not in fastest or r["ms"] < fastest[k]["ms"]:
                             fastest[k] = r
@@ -177,9 +189,9 @@ def main():
     date = datetime.date.today().isoformat()
     record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": ceilings(),
               "threads": args.threads, "threads_per_core": threads_per_core(), "torch": torch.__version__,
-              "rounds": args.rounds, "rows": rows}
+              "rounds": args.rounds, "layout": args.layout, "rows": rows}
     os.makedirs(args.outdir, exist_ok=True)
-    path = os.path.join(args.outdir, f"{date}-cpu-fwd-bwd.json")
+    path = os.path.join(args.outdir, f"{date}-cpu-fwd-bwd-{args.layout}.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
@@ -187,7 +199,7 @@ def main():
     key = lambda r: (r["grid"], r["dtype"], r["hdim"], r["causal"], r["seqlen_q"])
     torch_ms = {key(r): r["ms"] for r in rows if r["impl"] == "torch-cpu"}
     print(f"{record['device']}, {args.threads} threads ({record['threads_per_core']} per core), "
-          f"torch {torch.__version__}; batch 1, width {WIDTH}; ceilings {record['ceilings']}")
+          f"torch {torch.__version__}; {args.layout}, batch 1, width {WIDTH}; ceilings {record['ceilings']}")
     print(f"{'pass':4} {'dtype':5} {'hdim':>4} {'causal':6} {'seqlen':>6} | {'tileattn ms':>11} "
           f"{'torch ms':>9} | speedup")
     order = lambda r: (r["causal"], r["dtype"], r["hdim"], r["seqlen_q"], r["grid"] != "cpu-fwd")

@@ -37,7 +37,7 @@ constexpr bool kHaveStandard = false;  // built without OpenBLAS: the baseline's
 
 struct Shape {
   int batch, heads, heads_kv, seqlen_q, seqlen_k, hdim;
-  bool causal;
+  bool causal, bhsd;
   DType dtype;
   Backend backend;
 
@@ -69,7 +69,8 @@ struct Operand {
   HostTensor host;
   std::unique_ptr<DeviceBuffer> dev;
 
-  Operand(DType dt, std::vector<std::int64_t> shape, bool cuda) : host(dt, std::move(shape)) {
+  Operand(DType dt, std::vector<std::int64_t> shape, bool cuda, std::vector<int> order = {})
+      : host(dt, std::move(shape), std::move(order)) {
     if (cuda) dev = std::make_unique<DeviceBuffer>(host.numel() * dtype_size(dt));
   }
   TensorView view() {
@@ -172,9 +173,10 @@ class Runner {
     const bool cuda = s_.on_cuda();
     const std::int64_t B = s_.batch, Sq = s_.seqlen_q, Sk = s_.seqlen_k, H = s_.heads,
                        Hk = s_.heads_kv, D = s_.hdim;
-    Operand q(s_.dtype, {B, Sq, H, D}, cuda), k(s_.dtype, {B, Sk, Hk, D}, cuda),
-        v(s_.dtype, {B, Sk, Hk, D}, cuda), out(s_.dtype, {B, Sq, H, D}, cuda),
-        lse(DType::f32, {B, H, Sq}, cuda), dout(s_.dtype, {B, Sq, H, D}, false);
+    const std::vector<int> order = s_.bhsd ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{};
+    Operand q(s_.dtype, {B, Sq, H, D}, cuda, order), k(s_.dtype, {B, Sk, Hk, D}, cuda, order),
+        v(s_.dtype, {B, Sk, Hk, D}, cuda, order), out(s_.dtype, {B, Sq, H, D}, cuda, order),
+        lse(DType::f32, {B, H, Sq}, cuda), dout(s_.dtype, {B, Sq, H, D}, false, order);
     std::mt19937_64 rng(Sq * 1000003 + Sk);
     for (Operand* t : {&q, &k, &v, &dout}) t->host.fill_normal(rng);
     for (Operand* t : {&q, &k, &v}) t->upload();
@@ -194,8 +196,8 @@ class Runner {
     Outputs flash{pick_rows(get(out.host), H * D), pick_lse(get(lse.host)), {}, {}, {}};
 
     if (c_.bwd) {
-      Operand dq(s_.dtype, {B, Sq, H, D}, cuda), dk(s_.dtype, {B, Sk, Hk, D}, cuda),
-          dv(s_.dtype, {B, Sk, Hk, D}, cuda), dout_dev(s_.dtype, {B, Sq, H, D}, cuda);
+      Operand dq(s_.dtype, {B, Sq, H, D}, cuda, order), dk(s_.dtype, {B, Sk, Hk, D}, cuda, order),
+          dv(s_.dtype, {B, Sk, Hk, D}, cuda, order), dout_dev(s_.dtype, {B, Sq, H, D}, cuda, order);
       dout_dev.host = dout.host;
       dout_dev.upload();
       BackwardArgs ba;
@@ -378,9 +380,9 @@ std::string today() {
 
 void print_table(const Shape& s, const BenchConfig& c, const std::vector<Row>& rows,
                  const std::string& device) {
-  std::printf("tileattn bench: %s on %s, %s, batch %d, heads %d (kv %d), hdim %d, %s, %d threads\n",
+  std::printf("tileattn bench: %s on %s, %s, batch %d, heads %d (kv %d), hdim %d, %s, %s, %d threads\n",
               backend_name(s.backend), device.c_str(), dtype_name(s.dtype), s.batch, s.heads,
-              s.heads_kv, s.hdim, s.causal ? "causal" : "non-causal", num_threads());
+              s.heads_kv, s.hdim, s.causal ? "causal" : "non-causal", s.bhsd ? "bhsd" : "bshd", num_threads());
   std::printf("flash: tileattn; standard: BLAS GEMMs with S and P materialized (fp32)%s\n\n",
               s.on_cuda() ? ", CPU only: memory shown" : !kHaveStandard ? ", not built: memory shown" : "");
   std::printf("%7s %4s | %9s %8s %10s | %9s %8s %10s | %7s | %s\n", "seqlen", "pass", "flash ms",
@@ -431,11 +433,12 @@ void print_json(const Shape& s, const BenchConfig& c, const std::vector<Row>& ro
         std::printf("%s\n  {\"grid\": \"%s%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, "
                     "\"seqlen_q\": %d, \"seqlen_k\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, "
                     "\"causal\": %s, \"page_size\": null, \"ms\": %.6g, \"tflops\": %.6g, \"tbps\": null, "
-                    "\"backend\": \"%s\", \"threads\": %d, \"extra_bytes\": %zu",
+                    "\"backend\": \"%s\", \"threads\": %d, \"layout\": \"%s\", \"extra_bytes\": %zu",
                     first ? "" : ",", prefix.c_str(), pass ? "bwd" : "fwd", impl ? "standard-blas" : "tileattn",
                     json_dtype(s.dtype), s.batch, rs.seqlen_q, rs.seqlen_k, s.heads, s.heads_kv, s.hdim,
                     s.causal ? "true" : "false", t.ms, flops / t.ms / 1e9,
-                    impl ? "cpu_blas" : backend_name(s.backend), num_threads(), t.extra_bytes);
+                    impl ? "cpu_blas" : backend_name(s.backend), num_threads(), s.bhsd ? "bhsd" : "bshd",
+                    t.extra_bytes);
         const double err = impl ? (pass ? r.err_std_bwd : r.err_std_fwd) : (pass ? r.err_bwd : r.err_fwd);
         if (!std::isnan(err)) std::printf(", \"max_rel_err\": %.3g", err);
         std::printf("}");
@@ -459,7 +462,7 @@ int run_bench(const BenchConfig& c) {
     return 1;
   }
   s.batch = c.batch, s.heads = c.heads, s.heads_kv = c.heads_kv ? c.heads_kv : c.heads;
-  s.hdim = c.hdim, s.causal = c.causal;
+  s.hdim = c.hdim, s.causal = c.causal, s.bhsd = c.bhsd;
   s.dtype = c.dtype ? *c.dtype : s.on_cuda() ? DType::bf16 : DType::f32;
   std::vector<int> lens = c.seqlens;
   if (lens.empty()) lens = s.on_cuda() ? std::vector<int>{1024, 4096, 16384} : std::vector<int>{512, 1024, 2048, 4096};

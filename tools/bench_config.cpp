@@ -44,6 +44,11 @@ Backend parse_backend(const std::string& text) {
   throw UsageError("--backend expects auto, cpu_flash, cpu_reference or cuda, got '" + text + "'");
 }
 
+bool parse_layout(const std::string& text) {
+  if (text == "bshd" || text == "bhsd") return text == "bhsd";
+  throw UsageError("--layout expects bshd or bhsd, got '" + text + "'");
+}
+
 }  // namespace
 
 const char* bench_usage() {
@@ -60,6 +65,8 @@ checks results against the fp64 reference, and prints time, GFLOP/s and extra me
   --hdim N           head dim, a multiple of 8 up to 256 (default 64)
   --dtype T          f32, f16 or bf16 (default: f32 on the CPU, bf16 on CUDA)
   --causal           causal mask (bottom-right aligned)
+  --layout L         bshd or bhsd: how q, k, v, out and the gradients lie in memory, as
+                     [batch, seqlen, heads, d] or [batch, heads, seqlen, d] (default bshd)
   --backend B        auto, cpu_flash, cpu_reference or cuda (default auto: cuda when built
                      and a device is present, else cpu_flash)
   --threads N        CPU threads for both paths (default: all)
@@ -101,6 +108,7 @@ BenchConfig parse_bench_args(const std::vector<std::string>& args) {
     else if (flag == "--hdim") c.hdim = parse_int(flag, next(), 8, 256);
     else if (flag == "--dtype") c.dtype = parse_dtype(next());
     else if (flag == "--causal") { no_value(); c.causal = true; }
+    else if (flag == "--layout") c.bhsd = parse_layout(next());
     else if (flag == "--backend") c.backend = parse_backend(next());
     else if (flag == "--threads") c.threads = parse_int(flag, next(), 0, 4096);
     else if (flag == "--repeat") c.repeat = parse_int(flag, next(), 1, 100000);

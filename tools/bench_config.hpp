@@ -26,6 +26,7 @@ struct BenchConfig {
   int seqlen_k = 0;             // 0: same as each seqlen
   std::optional<DType> dtype;   // default: f32 on the CPU, bf16 on CUDA
   bool causal = false;
+  bool bhsd = false;            // q, k, v, out and their gradients stored [batch, heads, seqlen, d]
   Backend backend = Backend::automatic;
   int threads = 0;              // 0: all hardware threads
   int repeat = 0;               // 0: chosen from the problem size
