@@ -135,11 +135,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         rows.reset();
         for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
         rows.finish(n);
-        auto qrow = [&](int r, float* dst) {
-          LoadRow(reinterpret_cast<const T*>(static_cast<const char*>(a.q.data) +
-                                             elem(a.q, p.varlen, b, s.q0 + i0 + r, h) * es),
-                  dst, p.hdim_qk);
-        };
+        auto qrow = [&](int r, float* dst) { LoadRow(reinterpret_cast<const T*>(q0 + r * qs), dst, p.hdim_qk); };
         auto emit = [&](int r, const float* o, float lse) {
           const std::int64_t row = s.q0 + i0 + r;
           StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);

@@ -31,33 +31,34 @@ KVCopy::KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget) : p_(
   wave_ = slots_;
 }
 
+KVRows KVCopy::source(int u) const {
+  const int b = u / p_.heads_kv, g = u % p_.heads_kv;
+  const Seq s = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, b);
+  return {static_cast<const char*>(a_.k.data) + elem(a_.k, p_.varlen, b, s.k0, g) * es_, ks_,
+          static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_, vs_};
+}
+
 void KVCopy::fill(char* ws, int u0, int u1) const {
   if (slots_ == 0) return;
   const int chunks = (p_.seqlen_k + kChunkRows - 1) / kChunkRows;
   const std::size_t krow = p_.hdim_qk * es_, vrow = p_.hdim_v * es_;
   parallel_for(static_cast<std::int64_t>(u1 - u0) * chunks, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t t = begin; t < end; ++t) {
-      const int u = u0 + static_cast<int>(t / chunks), b = u / p_.heads_kv, g = u % p_.heads_kv;
-      const Seq s = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, b);
-      const int j0 = static_cast<int>(t % chunks) * kChunkRows, j1 = std::min(s.sk, j0 + kChunkRows);
-      const char* k = static_cast<const char*>(a_.k.data) + elem(a_.k, p_.varlen, b, s.k0, g) * es_;
-      const char* v = static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_;
+      const int u = u0 + static_cast<int>(t / chunks);
+      const int sk = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, u / p_.heads_kv).sk;
+      const int j0 = static_cast<int>(t % chunks) * kChunkRows, j1 = std::min(sk, j0 + kChunkRows);
+      const KVRows from = source(u);
       char* slot = ws + (u - u0) * slot_bytes_;
       for (int j = j0; j < j1; ++j) {
-        std::memcpy(slot + j * krow, k + j * ks_, krow);
-        std::memcpy(slot + k_bytes_ + j * vrow, v + j * vs_, vrow);
+        std::memcpy(slot + j * krow, from.k + j * ks_, krow);
+        std::memcpy(slot + k_bytes_ + j * vrow, from.v + j * vs_, vrow);
       }
     }
   });
 }
 
 KVRows KVCopy::rows(const char* ws, int u0, int u) const {
-  const int b = u / p_.heads_kv, g = u % p_.heads_kv;
-  if (slots_ == 0) {
-    const Seq s = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, b);
-    return {static_cast<const char*>(a_.k.data) + elem(a_.k, p_.varlen, b, s.k0, g) * es_, ks_,
-            static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_, vs_};
-  }
+  if (slots_ == 0) return source(u);
   const char* slot = ws + static_cast<std::size_t>(u - u0) * slot_bytes_;
   return {slot, static_cast<std::ptrdiff_t>(p_.hdim_qk * es_), slot + k_bytes_, static_cast<std::ptrdiff_t>(p_.hdim_v * es_)};
 }

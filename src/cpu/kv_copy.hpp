@@ -39,6 +39,8 @@ class KVCopy {
   KVRows rows(const char* ws, int u0, int u) const;
 
  private:
+  KVRows source(int u) const;  // pair u's rows in the caller's tensors
+
   const Problem& p_;
   const ForwardArgs& a_;
   std::size_t es_ = 0, k_bytes_ = 0, slot_bytes_ = 0;
