@@ -28,7 +28,7 @@ bool detect() {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30));  // F, BW
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
   const bool tiles = (d & (1u << 24)) && (d & (1u << 22));   // AMX-TILE, AMX-BF16
   if (!avx512 || !tiles || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;  // AVX512-BF16
   unsigned lo, hi;
@@ -48,7 +48,7 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-#define TILEATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#define TILEATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 
 // Every tile is 16 rows of 64 bytes: tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 B.
 
@@ -91,6 +91,14 @@ TILEATTN_AMX_TARGET inline void transpose16(__m512 r[16]) {
     r[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
     r[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
   }
+}
+
+// Pairs word i of a with word i of b: a's at even words, b's at odd ones (permutex2var indices; the
+// next 16 words of each with 16 added).
+TILEATTN_AMX_TARGET inline __m512i pair_words() {
+  alignas(64) std::uint16_t idx[32];
+  for (int i = 0; i < 16; ++i) idx[2 * i] = static_cast<std::uint16_t>(i), idx[2 * i + 1] = static_cast<std::uint16_t>(32 + i);
+  return _mm512_load_si512(idx);
 }
 
 }  // namespace
@@ -174,12 +182,7 @@ void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int col
 TILEATTN_AMX_TARGET void pack_row_pairs(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols,
                                         std::uint16_t* dst) {
   const int w = pad16(cols);
-  alignas(64) std::uint16_t lo_idx[32], hi_idx[32];
-  for (int i = 0; i < 16; ++i) {
-    lo_idx[2 * i] = static_cast<std::uint16_t>(i), lo_idx[2 * i + 1] = static_cast<std::uint16_t>(32 + i);
-    hi_idx[2 * i] = static_cast<std::uint16_t>(16 + i), hi_idx[2 * i + 1] = static_cast<std::uint16_t>(48 + i);
-  }
-  const __m512i lo_i = _mm512_load_si512(lo_idx), hi_i = _mm512_load_si512(hi_idx);
+  const __m512i lo_i = pair_words(), hi_i = _mm512_add_epi16(lo_i, _mm512_set1_epi16(16));
   const char* base = static_cast<const char*>(src);
   for (int p = 0; p < rows_pad / 2; ++p) {
     const auto* x0 = reinterpret_cast<const std::uint16_t*>(base + (2 * p) * stride);
@@ -194,6 +197,59 @@ TILEATTN_AMX_TARGET void pack_row_pairs(const void* src, std::ptrdiff_t stride, 
       if (c + 16 < w) _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_i, b));
     }
   }
+}
+
+// Row j's 16 values from column c0 (masked to the columns that exist; zero past `rows`), in the
+// low half of a vector.
+TILEATTN_AMX_TARGET inline __m512i row16(const char* base, std::ptrdiff_t stride, int rows, int j, int c0,
+                                         __mmask16 mask) {
+  return j < rows ? _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, base + j * stride + 2 * c0))
+                  : _mm512_setzero_si512();
+}
+
+TILEATTN_AMX_TARGET void transpose_rows(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols,
+                                        std::uint16_t* dst, int pitch) {
+  const __m512i idx = pair_words();
+  const char* base = static_cast<const char*>(src);
+  // Blocks of 32 rows, each read whole before the next: a stream the prefetchers follow.
+  for (int j0 = 0; j0 < rows_pad; j0 += 32) {
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      const __mmask16 mask = cols - c0 >= 16 ? 0xffff : static_cast<__mmask16>((1u << (cols - c0)) - 1u);
+      // Word c of r[p]: (x_{j0+2p}[c0+c], x_{j0+2p+1}[c0+c]). Transposed, r[c] is column c0 + c's 32 rows.
+      __m512 r[16];
+      for (int p = 0; p < 16; ++p)
+        r[p] = _mm512_castsi512_ps(_mm512_permutex2var_epi16(row16(base, stride, rows, j0 + 2 * p, c0, mask), idx,
+                                                             row16(base, stride, rows, j0 + 2 * p + 1, c0, mask)));
+      transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(dst + (c0 + c) * pitch + j0, _mm512_castps_si512(r[c]));
+    }
+  }
+}
+
+TILEATTN_AMX_TARGET void pair_round(const float* t, int keys, int keys_pad, std::uint32_t* dst) {
+  // cvtne2ps(b, a) holds a's 16 values in words 0-15 and b's in 16-31: pair word i with word 16 + i.
+  alignas(64) std::uint16_t idx_w[32];
+  for (int i = 0; i < 16; ++i) idx_w[2 * i] = static_cast<std::uint16_t>(i), idx_w[2 * i + 1] = static_cast<std::uint16_t>(16 + i);
+  const __m512i idx = _mm512_load_si512(idx_w);
+  for (int p = 0; p < keys_pad / 2; ++p) {
+    const int j = 2 * p;
+    for (int r = 0; r < 64; r += 16) {
+      const __m512 a = j < keys ? _mm512_loadu_ps(t + j * 64 + r) : _mm512_setzero_ps();
+      const __m512 b = j + 1 < keys ? _mm512_loadu_ps(t + (j + 1) * 64 + r) : _mm512_setzero_ps();
+      const __m512i ab = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+      _mm512_storeu_si512(dst + p * 64 + r, _mm512_permutexvar_epi16(idx, ab));
+    }
+  }
+}
+
+TILEATTN_AMX_TARGET void transpose(const float* src, int rows, int cols, float* dst) {
+  for (int r0 = 0; r0 < rows; r0 += 16)
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + (r0 + i) * cols + c0);
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (c0 + i) * rows + r0, r[i]);
+    }
 }
 
 TILEATTN_AMX_TARGET void transpose_round(const float* t, int keys, int keys_pad, std::uint16_t* dst) {
@@ -227,6 +283,9 @@ void product(const void*, std::ptrdiff_t, const void*, std::ptrdiff_t, float*, s
 const void* rows_operand(const void* src, std::ptrdiff_t&, int, int, std::uint16_t*) { return src; }
 void pack_column_pairs(const void*, std::ptrdiff_t, int, int, int, std::uint32_t*) {}
 void pack_row_pairs(const void*, std::ptrdiff_t, int, int, int, std::uint16_t*) {}
+void transpose_rows(const void*, std::ptrdiff_t, int, int, int, std::uint16_t*, int) {}
+void pair_round(const float*, int, int, std::uint32_t*) {}
+void transpose(const float*, int, int, float*) {}
 void transpose_round(const float*, int, int, std::uint16_t*) {}
 void round(const float*, int, std::uint16_t*) {}
 

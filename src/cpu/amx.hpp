@@ -51,6 +51,20 @@ void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int col
 // 2 * pad16(cols) bf16 apart.
 void pack_row_pairs(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst);
 
+// Rows x_j (at src + j * stride bytes, j < rows) transposed: dst[c][j] = x_j[c] for c < pad16(cols),
+// j < rows_pad (a multiple of 32), zero past `rows` and `cols`; dst rows `pitch` bf16 apart. The A
+// operand of a product over the rows.
+void transpose_rows(const void* src, std::ptrdiff_t stride, int rows, int rows_pad, int cols, std::uint16_t* dst,
+                    int pitch);
+
+// A tile T [keys][64] fp32 (rows 64 floats apart) rounded in pairs of rows: dst[p][r] =
+// (bf16(T[2p][r]), bf16(T[2p + 1][r])) as one 32-bit word, r < 64, p < keys_pad / 2 (keys_pad a
+// multiple of 32; zero from `keys` on). The B operand of a product over the keys.
+void pair_round(const float* t, int keys, int keys_pad, std::uint32_t* dst);
+
+// dst[c][r] = src[r][c] for r < rows, c < cols (multiples of 16); fp32, rows cols and rows floats apart.
+void transpose(const float* src, int rows, int cols, float* dst);
+
 // A tile T [keys][64] fp32 (rows 64 floats apart) transposed and rounded: dst[r][j] = bf16(T[j][r])
 // for r < 64, j < keys_pad (a multiple of 32; zero from `keys` on); dst rows keys_pad bf16 apart.
 void transpose_round(const float* t, int keys, int keys_pad, std::uint16_t* dst);

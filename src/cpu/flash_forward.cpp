@@ -1,7 +1,7 @@
 // FlashAttention-2 forward on the CPU: one task per (sequence, query head, query tile), each
 // streaming its keys through AttendTile, from the inputs or from KVCopy's dense copy of them. Dense
 // fp32 K and V are read in place; fp16/bf16 key tiles are widened into a per-thread tile. Where
-// the CPU has AMX, bf16 runs the tile products on it from the rows as they are (AttendTileAmx).
+// the CPU has AMX, bf16 runs the tile products on it (AttendTileAmx), K from its rows as they are.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -18,48 +18,49 @@
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
 
-// Keys per step of AttendTileAmx: twice kBc, so that each output tile the P V product loads
-// accumulates over 128 keys, and the step's fixed work is shared by twice the keys (measured 3-10%
-// faster than 64).
-inline constexpr int kAmxKeys = 128;
-
 // Floats of per-thread tiles AttendTileAmx needs (bf16 and fp32 pieces, each a multiple of 64 bytes).
 inline std::size_t amx_tile_floats(int d, int dv) {
-  const std::size_t dp = amx::pad32(d), dvp = amx::pad16(dv), kc = kAmxKeys;
-  return dp * kBr / 2 + kc * dp / 2 + kBr * kc / 2 + kc * dvp / 2 + kc * kBr + kBr * dvp + 3 * kBr + dvp;
+  const std::size_t dp = amx::pad32(d), dvp = amx::pad16(dv), kc = kVTKeys;
+  return dp * kBr / 2 + kc * dp / 2 + dvp * kc / 2 + kc / 2 * kBr + std::max(kc, dvp) * kBr + dvp * kBr + 3 * kBr + dvp;
 }
 
-// O[r][:] *= alpha[r] for the valid rows whose running max moved (alpha != 1).
-HWY_INLINE void RescaleRows(float* O, int dvp, int n, const float* alpha) {
+// O^T[c][r] *= alpha[r], skipping groups of rows whose running max stayed put (alpha = 1).
+HWY_INLINE void RescaleColumns(float* OT, int dvp, const float* alpha) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  for (int r = 0; r < n; ++r) {
-    if (alpha[r] == 1.f) continue;
-    const VF a = hn::Set(d, alpha[r]);
-    for (int c = 0; c < dvp; c += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + r * dvp + c), a), d, O + r * dvp + c);
+  for (int v = 0; v < kBr; v += N) {
+    const VF a = hn::LoadU(d, alpha + v);
+    if (hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.f)))) continue;
+    for (int c = 0; c < dvp; ++c) hn::StoreU(hn::Mul(hn::LoadU(d, OT + c * kBr + v), a), d, OT + c * kBr + v);
   }
 }
 
+// A running max may lag a row's true max by this much (log2 units) before it moves: P then stays
+// below 2^8, exact in fp32 and as exactly rounded to bf16 as below 1, and after the first steps
+// most rows keep their max, so most steps rescale nothing.
+inline constexpr float kMaxSlack = 8.f;
+
 // AttendTile for bf16 with the tile products on AMX: the same scores, mask and online softmax, with
-// S^T = K Q^T and O += P V multiplied from bf16 operands (K and V read where they lie, Q packed once
-// per query tile, P rounded to bf16 as on the GPU) into fp32, over the rows' keys [key_lo, key_hi)
-// (the mask keeps them inside the sequence). Query row r lies at q + r * qs, key row j at
-// k + j * ks and v + j * vs (bytes).
+// S^T = K Q^T and O^T += V^T P^T multiplied from bf16 operands into fp32: K read where it lies, Q
+// packed once per query tile, P rounded to bf16 (as on the GPU) in pairs of keys, V^T from KVCopy's
+// blocks (vt) or, where there are none, transposed here step by step. Steps follow the blocks of
+// kVTKeys keys over [key_lo, key_hi), the first from key_lo rounded down to 32 (the mask keeps each
+// row to its own keys). Query row r lies at q + r * qs, key row j at k + j * ks and v + j * vs (bytes).
 template <class Emit>
 void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, std::ptrdiff_t qs, const char* k,
-                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, float* tiles, Emit emit) {
+                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, const char* vt, float* tiles, Emit emit) {
   const int dp = amx::pad32(sh.d), dvp = amx::pad16(sh.dv);
   auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
-  auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kAmxKeys][dp]
-  std::uint16_t* pb = stage + kAmxKeys * dp;                           // [kBr][kAmxKeys]
-  std::uint16_t* vv = pb + kBr * kAmxKeys;                             // [kAmxKeys / 2][2 dvp] pairs
-  float* S = reinterpret_cast<float*>(vv + kAmxKeys * dvp);            // [kAmxKeys][kBr]
-  float* O = S + kAmxKeys * kBr;                                       // [kBr][dvp]
-  float* m = O + kBr * dvp;
+  auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kVTKeys][dp]
+  std::uint16_t* vstage = stage + kVTKeys * dp;                        // [dvp][kVTKeys]
+  auto* pt = reinterpret_cast<std::uint32_t*>(vstage + dvp * kVTKeys);  // [kVTKeys / 2][kBr] pairs
+  float* S = reinterpret_cast<float*>(pt + kVTKeys / 2 * kBr);          // [kVTKeys][kBr], at the end O [kBr][dvp]
+  float* OT = S + std::max(kVTKeys, dvp) * kBr;                         // [dvp][kBr]
+  float* m = OT + kBr * dvp;
   float* l = m + kBr;
   float* alpha = l + kBr;
   float* row = alpha + kBr;  // [dvp]
-  constexpr std::ptrdiff_t kRow = kBr * sizeof(float);
+  constexpr std::ptrdiff_t kRow = kBr * sizeof(float), kVTRow = kVTKeys * 2;
 
   amx::pack_column_pairs(q, qs, rows.n, sh.d, kBr, qt);
   SoftmaxInit(m, l);
@@ -68,26 +69,32 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
   // Without ALiBi or a softcap, a tile inside every row's key range needs only the scale, which
   // the softmax applies on its way (no pass of its own).
   const bool scale_only = !sh.alibi && sh.sm.softcap <= 0.f;
-  for (int j0 = rows.key_lo; j0 < rows.key_hi; j0 += kAmxKeys) {
-    const int nk = std::min(kAmxKeys, rows.key_hi - j0), keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
+  for (int j0 = rows.key_lo / 32 * 32, j1; j0 < rows.key_hi; j0 = j1) {
+    j1 = std::min(rows.key_hi, (j0 / kVTKeys + 1) * kVTKeys);
+    const int nk = j1 - j0, keys32 = amx::pad32(nk);
     std::ptrdiff_t kts = ks;
     const void* kt = amx::rows_operand(k + j0 * ks, kts, nk, sh.d, stage);
-    amx::product(kt, kts, qt, kRow, S, kRow, keys16, kBr, dp, false);
-    const bool masked = !rows.full(j0, j0 + nk);
+    amx::product(kt, kts, qt, kRow, S, kRow, amx::pad16(nk), kBr, dp, false);
+    const bool masked = !rows.full(j0, j1);
     if (scale_only && !masked) {
-      SoftmaxStep(S, nk, m, l, alpha, sh.sm.scale * kLog2e);
+      SoftmaxStep(S, nk, m, l, alpha, sh.sm.scale * kLog2e, kMaxSlack);
     } else {
       ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, masked);
-      SoftmaxStep(S, nk, m, l, alpha);
+      SoftmaxStep(S, nk, m, l, alpha, 1.f, kMaxSlack);
     }
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
-    if (!first) RescaleRows(O, dvp, rows.n, alpha);
-    amx::transpose_round(S, nk, keys32, pb);
-    amx::pack_row_pairs(v + j0 * vs, vs, nk, keys32, sh.dv, vv);
-    amx::product(pb, keys32 * 2, vv, dvp * 4, O, dvp * 4, kBr, dvp, keys32, !first);
+    if (!first) RescaleColumns(OT, dvp, alpha);
+    amx::pair_round(S, nk, keys32, pt);
+    const void* va = vstage;
+    if (vt != nullptr)
+      va = vt + j0 / kVTKeys * vt_block_bytes(sh.dv) + j0 % kVTKeys * 2;
+    else
+      amx::transpose_rows(v + j0 * vs, vs, nk, keys32, sh.dv, vstage, kVTKeys);
+    amx::product(va, kVTRow, pt, kRow, OT, kRow, dvp, kBr, keys32, !first);
     first = false;
   }
-  EmitRows(sh, rows, first, m, l, O, dvp, 1, row, emit);
+  amx::transpose(OT, dvp, kBr, S);
+  EmitRows(sh, rows, first, m, l, S, dvp, 1, row, emit);
 }
 
 template <class T>
@@ -143,7 +150,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         };
         const KVRows kvr = kv.rows(copies, u0, u);
         if (on_amx) {
-          AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, tiles, emit);
+          AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, kvr.vt, tiles, emit);
           continue;
         }
         // Dense fp32 rows are read where they lie; others are copied a tile at a time, 16-bit

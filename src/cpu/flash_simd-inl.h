@@ -319,8 +319,11 @@ HWY_INLINE void SoftmaxInit(float* m, float* l) {
 
 // One key tile: turns the scores S^T [nk][kBr], in log2 units once multiplied by `scale` (> 0;
 // folding a plain scale in here saves a pass over the tile), into probabilities against the new
-// running max, and writes alpha, the factor each row's output so far must be rescaled by.
-HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f) {
+// running max, and writes alpha, the factor each row's output so far must be rescaled by. With
+// slack > 0 a row's max moves only when the tile's exceeds it by more than that: the
+// probabilities may then reach 2^slack, and alpha is 1 for most rows once the max has settled.
+HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f,
+                            float slack = 0.f) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const VF c = hn::Set(d, scale);
@@ -328,7 +331,8 @@ HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, 
     VF mt = hn::Set(d, -kInf);
     for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
     const VF m_old = hn::LoadU(d, m + v);
-    const VF m_new = hn::Max(m_old, hn::Mul(mt, c));
+    mt = hn::Mul(mt, c);
+    const VF m_new = hn::IfThenElse(hn::Gt(mt, hn::Add(m_old, hn::Set(d, slack))), hn::Max(m_old, mt), m_old);
     // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its terms at 0.
     const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
     VF sum = hn::Zero(d);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/amx.hpp"
 #include "cpu/flash_common.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
@@ -10,8 +11,8 @@
 namespace tileattn::cpu {
 namespace {
 
-// Rows copied per parallel chunk.
-constexpr int kChunkRows = 256;
+// Rows copied per parallel chunk: whole blocks of transposed values.
+constexpr int kChunkRows = 2 * kVTKeys;
 
 std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
 
@@ -22,11 +23,16 @@ KVCopy::KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget) : p_(
   vs_ = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * static_cast<std::int64_t>(es_);
   const int pairs = p.batch * p.heads_kv;
   wave_ = std::max(pairs, 1);
-  const bool dense = ks_ == static_cast<std::int64_t>(p.hdim_qk * es_) && vs_ == static_cast<std::int64_t>(p.hdim_v * es_);
   const std::int64_t readers = static_cast<std::int64_t>(p.group()) * ((p.seqlen_q + flash::kBr - 1) / flash::kBr);
-  if (dense || readers < 2 || p.seqlen_k == 0 || pairs == 0) return;
-  k_bytes_ = round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_qk * es_);
-  slot_bytes_ = k_bytes_ + round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_v * es_);
+  if (readers < 2 || p.seqlen_k == 0 || pairs == 0) return;
+  vt_ = p.dtype == DType::bf16 && amx::available();
+  copy_k_ = ks_ != static_cast<std::int64_t>(p.hdim_qk * es_);
+  copy_v_ = !vt_ && vs_ != static_cast<std::int64_t>(p.hdim_v * es_);
+  if (copy_k_) k_bytes_ = round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_qk * es_);
+  slot_bytes_ = k_bytes_;
+  if (copy_v_) slot_bytes_ += round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_v * es_);
+  if (vt_) slot_bytes_ += static_cast<std::size_t>((p.seqlen_k + kVTKeys - 1) / kVTKeys) * vt_block_bytes(p.hdim_v);
+  if (slot_bytes_ == 0) return;
   slots_ = static_cast<int>(std::clamp<std::size_t>(budget / slot_bytes_, 1, pairs));
   wave_ = slots_;
 }
@@ -49,10 +55,17 @@ void KVCopy::fill(char* ws, int u0, int u1) const {
       const int j0 = static_cast<int>(t % chunks) * kChunkRows, j1 = std::min(sk, j0 + kChunkRows);
       const KVRows from = source(u);
       char* slot = ws + (u - u0) * slot_bytes_;
-      for (int j = j0; j < j1; ++j) {
-        std::memcpy(slot + j * krow, from.k + j * ks_, krow);
-        std::memcpy(slot + k_bytes_ + j * vrow, from.v + j * vs_, vrow);
-      }
+      if (copy_k_)
+        for (int j = j0; j < j1; ++j) std::memcpy(slot + j * krow, from.k + j * ks_, krow);
+      if (copy_v_)
+        for (int j = j0; j < j1; ++j) std::memcpy(slot + k_bytes_ + j * vrow, from.v + j * vs_, vrow);
+      if (vt_)
+        for (int b0 = j0; b0 < j1; b0 += kVTKeys) {
+          const int n = std::min(kVTKeys, j1 - b0);
+          amx::transpose_rows(from.v + b0 * vs_, vs_, n, amx::pad32(n), p_.hdim_v,
+                              reinterpret_cast<std::uint16_t*>(slot + k_bytes_ + b0 / kVTKeys * vt_block_bytes(p_.hdim_v)),
+                              kVTKeys);
+        }
     }
   });
 }
@@ -60,7 +73,11 @@ void KVCopy::fill(char* ws, int u0, int u1) const {
 KVRows KVCopy::rows(const char* ws, int u0, int u) const {
   if (slots_ == 0) return source(u);
   const char* slot = ws + static_cast<std::size_t>(u - u0) * slot_bytes_;
-  return {slot, static_cast<std::ptrdiff_t>(p_.hdim_qk * es_), slot + k_bytes_, static_cast<std::ptrdiff_t>(p_.hdim_v * es_)};
+  KVRows r = source(u);
+  if (copy_k_) r.k = slot, r.ks = static_cast<std::ptrdiff_t>(p_.hdim_qk * es_);
+  if (copy_v_) r.v = slot + k_bytes_, r.vs = static_cast<std::ptrdiff_t>(p_.hdim_v * es_);
+  if (vt_) r.vt = slot + k_bytes_;
+  return r;
 }
 
 }  // namespace tileattn::cpu

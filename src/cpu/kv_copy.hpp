@@ -2,7 +2,8 @@
 // a (sequence, KV head) streams all of its keys; rows heads * d apart (BSHD, packed varlen) put a
 // few rows on each page and in a few cache sets, and each of those tiles paid for that again.
 // Such pairs are copied once, in waves of whole pairs through a bounded workspace, and the query
-// tiles read the copy.
+// tiles read the copy. For bf16 on AMX the values are always laid out again, transposed in blocks
+// of keys (the A operand of O^T += V^T P^T), instead of packed anew by every query tile.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +13,21 @@
 
 namespace tileattn::cpu {
 
-// Pair u = b * heads_kv + g's key rows at k (ks bytes apart) and value rows at v (vs apart).
+// Keys per block of the transposed values, and per step of the AMX forward that reads them.
+inline constexpr int kVTKeys = 128;
+
+// Pair u = b * heads_kv + g's key rows at k (ks bytes apart) and value rows at v (vs apart); vt,
+// where not null, its values transposed: block i (keys from i * kVTKeys) at vt + i * vt_block
+// bytes, bf16 [pad16(dv)][kVTKeys], zero past dv and past the last key.
 struct KVRows {
   const char* k;
   std::ptrdiff_t ks;
   const char* v;
   std::ptrdiff_t vs;
+  const char* vt = nullptr;
 };
+
+inline std::size_t vt_block_bytes(int dv) { return static_cast<std::size_t>((dv + 15) / 16 * 16) * kVTKeys * 2; }
 
 // Bytes of copies held at once unless the caller's workspace says otherwise: a wave of pairs
 // gives every thread many query tiles long before this on the shapes that need copies.
@@ -29,7 +38,8 @@ class KVCopy {
   // Waves of as many pairs as fit in budget bytes (at least one).
   KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget);
 
-  // Workspace the copies need: 0 where the rows are dense already or each is read once anyway.
+  // Workspace the copies need: 0 where each pair is read once anyway, or its rows are dense already
+  // and no transposed values are wanted.
   std::size_t bytes() const { return static_cast<std::size_t>(slots_) * slot_bytes_; }
   // Pairs per wave: fill() those, then attend their query tiles.
   int wave() const { return wave_; }
@@ -43,6 +53,7 @@ class KVCopy {
 
   const Problem& p_;
   const ForwardArgs& a_;
+  bool copy_k_ = false, copy_v_ = false, vt_ = false;  // what a slot holds: K's rows, V's rows or V^T
   std::size_t es_ = 0, k_bytes_ = 0, slot_bytes_ = 0;
   std::int64_t ks_ = 0, vs_ = 0;  // the caller's row strides, bytes
   int slots_ = 0, wave_ = 1;

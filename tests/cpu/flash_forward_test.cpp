@@ -170,7 +170,12 @@ TEST(FlashForward, CopiedKeyRowsMatchDenseRowsBitwise) {
       d.bhsd = true;
       std::mt19937_64 same(seed);
       CaseTensors td(d, same);
-      EXPECT_EQ(workspace_size(td.forward(d)), 0u) << ctx;
+      // Dense rows are read in place, but bf16 on AMX always wants its values transposed.
+      const std::size_t dense_ws = workspace_size(td.forward(d));
+      if (c.dtype == DType::bf16 && cpu::amx::available())
+        EXPECT_GT(dense_ws, 0u) << ctx;
+      else
+        EXPECT_EQ(dense_ws, 0u) << ctx;
       const ForwardResult dense = run_forward(d, td, Backend::cpu_flash);
       EXPECT_EQ(dense.out, once.out) << ctx;
       EXPECT_EQ(dense.lse, once.lse) << ctx;
