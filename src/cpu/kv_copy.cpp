@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/amx.hpp"
 #include "cpu/flash_common.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/problem.hpp"
+#include "cpu/amx.hpp"
 
 namespace tileattn::cpu {
 
@@ -27,7 +28,7 @@ struct KVRows {
   const char* vt = nullptr;
 };
 
-inline std::size_t vt_block_bytes(int dv) { return static_cast<std::size_t>((dv + 15) / 16 * 16) * kVTKeys * 2; }
+inline std::size_t vt_block_bytes(int dv) { return static_cast<std::size_t>(amx::pad16(dv)) * kVTKeys * 2; }
 
 // Bytes of copies held at once unless the caller's workspace says otherwise: a wave of pairs
 // gives every thread many query tiles long before this on the shapes that need copies.
