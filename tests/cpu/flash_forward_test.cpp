@@ -127,6 +127,32 @@ TEST(FlashForward, HugeLogitsStayFinite) {
   }
 }
 
+// Scores that keep rising across the keys, far past the first key tiles' max: every later tile
+// must move the running max and rescale what came before (a max left behind overflows 2^x).
+TEST(FlashForward, ScoresRisingLateRescaleTheOutput) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Case c;
+    c.dtype = dt;
+    c.seqlen_q = 70;
+    c.seqlen_k = 333;
+    c.hdim = c.hdim_v = 64;
+    c.options.scale = 1.f;
+    CaseTensors t(c, rng);
+    // q . k_j = j / 2: from 0 to 166, a rise of 240 in log2 units.
+    t.q.fill(0);
+    t.k.fill(0);
+    for (int i = 0; i < c.seqlen_q; ++i) t.q.set(i * c.hdim, 1);
+    for (int j = 0; j < c.seqlen_k; ++j) t.k.set(j * c.hdim, 0.5 * j);
+    const ForwardResult got = run_forward(c, t, Backend::cpu_flash);
+    const ForwardResult ref = run_forward(c, t, Backend::cpu_reference);
+    EXPECT_TRUE(all_finite(got.out)) << "seed " << seed;
+    EXPECT_LE(max_abs_error(got.out, ref.out), dt == DType::f32 ? 1e-5 : 2e-2) << "seed " << seed;
+    EXPECT_LE(rel_error(got.lse, ref.lse), 1e-6) << "seed " << seed;
+  }
+}
+
 // K and V rows that lie apart (BSHD with several KV heads, packed varlen) are copied by whole
 // (sequence, KV head) before the query tiles read them, in one round or, within a caller's smaller
 // workspace, in several. Every way gives bit for bit the output of the same values laid out dense
