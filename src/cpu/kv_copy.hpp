@@ -18,8 +18,9 @@ namespace tileattn::cpu {
 inline constexpr int kVTKeys = 128;
 
 // Pair u = b * heads_kv + g's key rows at k (ks bytes apart) and value rows at v (vs apart); vt,
-// where not null, its values transposed: block i (keys from i * kVTKeys) at vt + i * vt_block
-// bytes, bf16 [pad16(dv)][kVTKeys], zero past dv and past the last key.
+// where not null, its values transposed: block i (keys from i * kVTKeys) at vt + i *
+// vt_block_bytes(dv), bf16 [pad16(dv)][kVTKeys], zero past dv and, in the last block, from the last
+// key to the next multiple of 32 (the keys a product over that block reads).
 struct KVRows {
   const char* k;
   std::ptrdiff_t ks;
