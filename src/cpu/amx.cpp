@@ -170,12 +170,21 @@ const void* rows_operand(const void* src, std::ptrdiff_t& stride, int rows, int 
   return stage;
 }
 
-void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int cols, int width, std::uint32_t* dst) {
-  const int pairs = pad32(cols) / 2;
-  std::memset(dst, 0, static_cast<std::size_t>(pairs) * width * sizeof(std::uint32_t));
-  for (int r = 0; r < rows; ++r) {
-    const char* row = static_cast<const char*>(src) + r * stride;
-    for (int p = 0; p < cols / 2; ++p) std::memcpy(dst + p * width + r, row + 4 * p, 4);
+TILEATTN_AMX_TARGET void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int cols, int width,
+                                           std::uint32_t* dst) {
+  // 16 x 16 blocks of 32-bit words (pairs of values), transposed; the words move as they are.
+  const int pairs = pad32(cols) / 2, words = cols / 2;
+  const char* base = static_cast<const char*>(src);
+  for (int p0 = 0; p0 < pairs; p0 += 16) {
+    const int left = words - p0;
+    const __mmask16 mask = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1u);
+    for (int r0 = 0; r0 < width; r0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = r0 + i < rows ? _mm512_maskz_loadu_ps(mask, base + (r0 + i) * stride + 4 * p0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(dst + (p0 + i) * width + r0), r[i]);
+    }
   }
 }
 

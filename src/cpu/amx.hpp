@@ -42,8 +42,8 @@ void product(const void* a, std::ptrdiff_t a_stride, const void* b, std::ptrdiff
 const void* rows_operand(const void* src, std::ptrdiff_t& stride, int rows, int cols, std::uint16_t* stage);
 
 // The columns of `rows` rows (row r at src + r * stride bytes) as the B operand of a product over
-// them: dst[p][r] = (x_r[2p], x_r[2p + 1]) as one 32-bit word, p < pad32(cols) / 2, r < width;
-// rows past `rows` and columns past `cols` zero.
+// them: dst[p][r] = (x_r[2p], x_r[2p + 1]) as one 32-bit word, p < pad32(cols) / 2, r < width (a
+// multiple of 16); rows past `rows` and columns past `cols` zero.
 void pack_column_pairs(const void* src, std::ptrdiff_t stride, int rows, int cols, int width, std::uint32_t* dst);
 
 // Rows x_j (at src + j * stride bytes, j < rows) in pairs as a B operand: dst[p][2c + e] =
