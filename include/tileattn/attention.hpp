@@ -81,9 +81,9 @@ void combine(const CombineArgs& args);
 // allocation inside the call; otherwise a CUDA call takes its scratch from a stream-ordered pool
 // that tileattn keeps per device, holding up to the largest scratch in use at once for later calls.
 // The CPU forward's scratch is a copy of K's and V's rows where they lie apart (BSHD: heads
-// interleaved), and for bf16 on AMX always V transposed in blocks of keys, by whole (sequence, KV
-// head) pairs; given less than workspace_size, it holds as many pairs as fit at once and works in
-// more rounds (with room for none, it allocates one).
+// interleaved), and for bf16 on AMX V transposed in blocks of keys (unless V is dense and few query
+// tiles read it), by whole (sequence, KV head) pairs; given less than workspace_size, it holds as
+// many pairs as fit at once and works in more rounds (with room for none, it allocates one).
 std::size_t workspace_size(const ForwardArgs& args);
 std::size_t workspace_size(const BackwardArgs& args);
 std::size_t workspace_size(const DecodeArgs& args);

@@ -24,9 +24,10 @@ KVCopy::KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget) : p_(
   wave_ = std::max(pairs, 1);
   const std::int64_t readers = static_cast<std::int64_t>(p.group()) * ((p.seqlen_q + flash::kBr - 1) / flash::kBr);
   if (readers < 2 || p.seqlen_k == 0 || pairs == 0) return;
-  vt_ = p.dtype == DType::bf16 && amx::available();
   copy_k_ = ks_ != static_cast<std::int64_t>(p.hdim_qk * es_);
-  copy_v_ = !vt_ && vs_ != static_cast<std::int64_t>(p.hdim_v * es_);
+  const bool dense_v = vs_ == static_cast<std::int64_t>(p.hdim_v * es_);
+  vt_ = p.dtype == DType::bf16 && amx::available() && (!dense_v || readers >= kVTReaders);
+  copy_v_ = !vt_ && !dense_v;
   if (copy_k_) k_bytes_ = round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_qk * es_);
   slot_bytes_ = k_bytes_;
   if (copy_v_) slot_bytes_ += round64(static_cast<std::size_t>(p.seqlen_k) * p.hdim_v * es_);

@@ -2,8 +2,8 @@
 // a (sequence, KV head) streams all of its keys; rows heads * d apart (BSHD, packed varlen) put a
 // few rows on each page and in a few cache sets, and each of those tiles paid for that again.
 // Such pairs are copied once, in waves of whole pairs through a bounded workspace, and the query
-// tiles read the copy. For bf16 on AMX the values are always laid out again, transposed in blocks
-// of keys (the A operand of O^T += V^T P^T), instead of packed anew by every query tile.
+// tiles read the copy. For bf16 on AMX the values are laid out again, transposed in blocks of keys
+// (the A operand of O^T += V^T P^T), where they are copied anyway or enough query tiles read them.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +16,12 @@ namespace tileattn::cpu {
 
 // Keys per block of the transposed values, and per step of the AMX forward that reads them.
 inline constexpr int kVTKeys = 128;
+
+// Values already dense are transposed once only where at least this many query tiles read each
+// pair; fewer, and each tile's steps transpose their own rows. The pass over all pairs is a fixed
+// cost of the call (measured on a 16-core Xeon, dense bf16: with 16 readers per pair the steps'
+// own transposes took 0.83-0.97x the time, with 32 0.97-1.05x, at 128 the pass won by 6-9%).
+inline constexpr int kVTReaders = 32;
 
 // Pair u = b * heads_kv + g's key rows at k (ks bytes apart) and value rows at v (vs apart); vt,
 // where not null, its values transposed: block i (keys from i * kVTKeys) at vt + i *
