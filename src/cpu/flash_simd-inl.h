@@ -121,25 +121,44 @@ HWY_INLINE void Gemm(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const
 
 // ---------------------------------------------------------------------------------------------
 // 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0): round-to-nearest range reduction by the
-// 1.5 * 2^23 shifter, whose low mantissa bits then hold n as an integer (no float-int conversion),
-// and a degree-6 polynomial for 2^f on [-0.5, 0.5] fitted to relative error (4.4e-9, below fp32
-// rounding). n = -127 gives a zero exponent field, i.e. a factor of exactly 0.
+// 1.5 * 2^23 shifter, a polynomial for 2^f on [-0.5, 0.5] fitted to relative error, and the
+// factor 2^n. Degree 6 errs by 4.4e-9 (below fp32 rounding); degree 4 by 2.7e-6, for probabilities
+// that are rounded to bf16 next (2^-9) and two multiply-adds cheaper.
+template <int kDegree = 6>
 HWY_INLINE VF Exp2(DF d, VF x) {
-  const hn::RebindToSigned<DF> di;
+  static_assert(kDegree == 6 || kDegree == 4);
   const VF shifter = hn::Set(d, 12582912.f);
   x = hn::Max(x, hn::Set(d, -127.f));
   const VF t = hn::Add(x, shifter);
-  const VF f = hn::Sub(x, hn::Sub(t, shifter));
-  VF p = hn::Set(d, 1.5332507706943978e-04f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3394701155522834e-03f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618491006078951e-03f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550342284395828e-02f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.402264736446933e-01f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931471992071403e-01f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.f));
-  // The shifter's own bits vanish below bit 9, so this is (n + 127) << 23.
+  const VF n = hn::Sub(t, shifter);
+  const VF f = hn::Sub(x, n);
+  VF p;
+  if constexpr (kDegree == 6) {
+    p = hn::Set(d, 1.5332507706943978e-04f);
+    p = hn::MulAdd(p, f, hn::Set(d, 1.3394701155522834e-03f));
+    p = hn::MulAdd(p, f, hn::Set(d, 9.618491006078951e-03f));
+    p = hn::MulAdd(p, f, hn::Set(d, 5.550342284395828e-02f));
+    p = hn::MulAdd(p, f, hn::Set(d, 2.402264736446933e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 6.931471992071403e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 1.f));
+  } else {
+    p = hn::Set(d, 9.570101652662866e-03f);
+    p = hn::MulAdd(p, f, hn::Set(d, 5.591786210405638e-02f));
+    p = hn::MulAdd(p, f, hn::Set(d, 2.4024744849942273e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 6.931218145215772e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 9.999992614341702e-01f));
+  }
+#if HWY_TARGET <= HWY_AVX3
+  // One scalef instead of building 2^n and multiplying; n = -127 is zeroed by the mask rather than
+  // computed, since a denormal result would take a microcode assist.
+  return VF{_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(n.raw, _mm512_set1_ps(-127.f), _CMP_GT_OQ), p.raw, n.raw)};
+#else
+  // The shifter's own bits vanish below bit 9, so this is (n + 127) << 23; n = -127 gives a zero
+  // exponent field, i.e. a factor of exactly 0.
+  const hn::RebindToSigned<DF> di;
   const auto e = hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127)));
   return hn::Mul(p, hn::BitCast(d, e));
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,6 +341,8 @@ HWY_INLINE void SoftmaxInit(float* m, float* l) {
 // running max, and writes alpha, the factor each row's output so far must be rescaled by. With
 // slack > 0 a row's max moves only when the tile's exceeds it by more than that: the
 // probabilities may then reach 2^slack, and alpha is 1 for most rows once the max has settled.
+// kExpDegree 4 where the probabilities are rounded to bf16 next (see Exp2).
+template <int kExpDegree = 6>
 HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f,
                             float slack = 0.f) {
   const DF d;
@@ -337,7 +358,7 @@ HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, 
     const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, -kInf)), m_new);
     VF sum = hn::Zero(d);
     for (int jj = 0; jj < nk; ++jj) {
-      const VF pj = Exp2(d, hn::MulSub(hn::LoadU(d, S + jj * kBr + v), c, m_safe));
+      const VF pj = Exp2<kExpDegree>(d, hn::MulSub(hn::LoadU(d, S + jj * kBr + v), c, m_safe));
       hn::StoreU(pj, d, S + jj * kBr + v);
       sum = hn::Add(sum, pj);
     }
