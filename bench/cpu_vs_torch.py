@@ -96,9 +96,10 @@ def tileattn_rows(cli, threads, layout, dtype, batch, heads, hdim, seqlens, caus
     return json.loads(res.stdout)["rows"]
 
 
-def ceilings():
+def ceilings(cli, threads):
     """TFLOP/s of a square matrix product in PyTorch, fp32 and bf16, on the current thread count:
-    2048^3, or 512^3 where one of those takes over 50 ms (no native bf16: seconds for 2048^3)."""
+    2048^3, or 512^3 where one of those takes over 50 ms (no native bf16: seconds for 2048^3); and
+    the CPU's fp32 multiply-add peak on the same threads (`tileattn peak`)."""
     out = {}
     for name, dtype in (("matmul_fp32_tflops", torch.float32), ("matmul_bf16_tflops", torch.bfloat16)):
         a, b = torch.randn(512, 512, dtype=dtype), torch.randn(512, 512, dtype=dtype)
@@ -111,6 +112,10 @@ def ceilings():
             a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
             ms = median_ms(lambda: torch.mm(a, b), 5)
         out[name] = float(f"{2.0 * n ** 3 / ms / 1e9:.4g}")
+    res = subprocess.run([cli, "peak", "--threads", str(threads), "--json"], capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"cpu_vs_torch: {cli} peak failed ({res.returncode}):\n{res.stderr}")
+    out["fma_fp32_tflops"] = json.loads(res.stdout)["fma_fp32_tflops"]
     return out
 
 
@@ -187,7 +192,7 @@ def main():
     rows = list(fastest.values())
 
     date = datetime.date.today().isoformat()
-    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": ceilings(),
+    record = {"device": cpu_name(), "date": date, "commit": args.commit or git_commit(), "ceilings": ceilings(args.cli, args.threads),
               "threads": args.threads, "threads_per_core": threads_per_core(), "torch": torch.__version__,
               "rounds": args.rounds, "layout": args.layout, "rows": rows}
     os.makedirs(args.outdir, exist_ok=True)

@@ -1,10 +1,11 @@
-// The `tileattn` command: subcommands bench and version.
+// The `tileattn` command: subcommands bench, peak and version.
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "bench.hpp"
+#include "fma_peak.hpp"
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
 
@@ -15,6 +16,8 @@ const char* kUsage = R"(usage: tileattn <command> [flags]
 commands:
   bench      time flash attention beside a standard attention, checked against the fp64
              reference (tileattn bench --help lists its flags)
+  peak       measure this CPU's fp32 multiply-add rate on N threads, the ceiling of the fp32
+             flash kernels (tileattn peak --help lists its flags)
   version    print the version and the backends this build has
 
 tileattn --help prints this.
@@ -40,14 +43,21 @@ int main(int argc, char** argv) {
                 tileattn::cuda_available() ? ", cuda" : "");
     return 0;
   }
-  if (cmd != "bench") return usage_error("unknown command '" + cmd + "'", kUsage);
+  if (cmd != "bench" && cmd != "peak") return usage_error("unknown command '" + cmd + "'", kUsage);
 
   const std::vector<std::string> flags(args.begin() + 1, args.end());
   for (const auto& f : flags)
     if (f == "--help" || f == "-h") {
-      std::fputs(tileattn::tools::bench_usage(), stdout);
+      std::fputs(cmd == "peak" ? tileattn::tools::peak_usage() : tileattn::tools::bench_usage(), stdout);
       return 0;
     }
+  if (cmd == "peak") {
+    try {
+      return tileattn::tools::run_peak(flags);
+    } catch (const tileattn::tools::UsageError& e) {
+      return usage_error(e.what(), "run 'tileattn peak --help' for the flags\n");
+    }
+  }
   try {
     return tileattn::tools::run_bench(tileattn::tools::parse_bench_args(flags));
   } catch (const tileattn::tools::UsageError& e) {
