@@ -115,18 +115,25 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   flash::Workspace ws(a.options, kv.bytes());
   char* copies = reinterpret_cast<char*>(ws.floats(kv.bytes() / sizeof(float)));
   const int pairs = p.batch * p.heads_kv, group = p.group();
+  const std::int64_t readers = group * qblocks, chunks = kv.chunks();
   for (int u0 = 0; u0 < pairs; u0 += kv.wave()) {
     const int u1 = std::min(pairs, u0 + kv.wave());
-    kv.fill(copies, u0, u1);
-    // Tasks (pair, query head of its group, query tile), the tile fastest.
-    parallel_for(static_cast<std::int64_t>(u1 - u0) * group * qblocks, [&](std::int64_t begin, std::int64_t end) {
+    KVFill fill(kv, copies, u0, u1);
+    // Per pair of the wave, its readers' tasks (query head of the group, query tile; the tile
+    // fastest), each run of them led by the chunks of the next pair's copy.
+    parallel_for(static_cast<std::int64_t>(u1 - u0) * (chunks + readers), [&](std::int64_t begin, std::int64_t end) {
       float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
                                                 : attend_tile_floats(p.hdim_qk, p.hdim_v));
       TileRows rows;
-      for (std::int64_t t = begin; t < end; ++t) {
-        const int qb = static_cast<int>(t % qblocks);
-        const int u = u0 + static_cast<int>(t / qblocks / group), b = u / p.heads_kv, g = u % p.heads_kv;
-        const int h = g * group + static_cast<int>(t / qblocks % group);
+      for (std::int64_t i = begin; i < end; ++i) {
+        const int u = u0 + static_cast<int>(i / (chunks + readers));
+        const std::int64_t t = i % (chunks + readers) - chunks;
+        if (t < 0) {
+          if (u + 1 < u1) fill.help(u + 1);
+          continue;
+        }
+        const int qb = static_cast<int>(t % qblocks), b = u / p.heads_kv, g = u % p.heads_kv;
+        const int h = g * group + static_cast<int>(t / qblocks);
         const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
         const int i0 = qb * flash::kBr;
         if (i0 >= s.sq) continue;
@@ -148,6 +155,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
           StoreRow(o, reinterpret_cast<T*>(static_cast<char*>(a.out.data) + elem(a.out, p.varlen, b, row, h) * es), p.hdim_v);
           if (a.lse.present()) a.lse.ptr<float>()[lse_elem(a.lse, p.varlen, b, row, h)] = lse;
         };
+        fill.await(u);
         const KVRows kvr = kv.rows(copies, u0, u);
         if (on_amx) {
           AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, kvr.vt, tiles, emit);

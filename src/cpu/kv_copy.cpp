@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "cpu/flash_common.hpp"
-#include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
 
 namespace tileattn::cpu {
@@ -35,6 +35,7 @@ KVCopy::KVCopy(const Problem& p, const ForwardArgs& a, std::size_t budget) : p_(
   if (slot_bytes_ == 0) return;
   slots_ = static_cast<int>(std::clamp<std::size_t>(budget / slot_bytes_, 1, pairs));
   wave_ = slots_;
+  chunks_ = (p.seqlen_k + kChunkRows - 1) / kChunkRows;
 }
 
 KVRows KVCopy::source(int u) const {
@@ -44,30 +45,46 @@ KVRows KVCopy::source(int u) const {
           static_cast<const char*>(a_.v.data) + elem(a_.v, p_.varlen, b, s.k0, g) * es_, vs_};
 }
 
-void KVCopy::fill(char* ws, int u0, int u1) const {
-  if (slots_ == 0) return;
-  const int chunks = (p_.seqlen_k + kChunkRows - 1) / kChunkRows;
+void KVCopy::fill_chunk(char* ws, int u0, int u, int c) const {
+  const int sk = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, u / p_.heads_kv).sk;
+  const int j0 = c * kChunkRows, j1 = std::min(sk, j0 + kChunkRows);
   const std::size_t krow = p_.hdim_qk * es_, vrow = p_.hdim_v * es_;
-  parallel_for(static_cast<std::int64_t>(u1 - u0) * chunks, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t t = begin; t < end; ++t) {
-      const int u = u0 + static_cast<int>(t / chunks);
-      const int sk = sequence(p_, a_.cu_seqlens_q, a_.cu_seqlens_k, u / p_.heads_kv).sk;
-      const int j0 = static_cast<int>(t % chunks) * kChunkRows, j1 = std::min(sk, j0 + kChunkRows);
-      const KVRows from = source(u);
-      char* slot = ws + (u - u0) * slot_bytes_;
-      if (copy_k_)
-        for (int j = j0; j < j1; ++j) std::memcpy(slot + j * krow, from.k + j * ks_, krow);
-      if (copy_v_)
-        for (int j = j0; j < j1; ++j) std::memcpy(slot + k_bytes_ + j * vrow, from.v + j * vs_, vrow);
-      if (vt_)
-        for (int b0 = j0; b0 < j1; b0 += kVTKeys) {
-          const int n = std::min(kVTKeys, j1 - b0);
-          amx::transpose_rows(from.v + b0 * vs_, vs_, n, amx::pad32(n), p_.hdim_v,
-                              reinterpret_cast<std::uint16_t*>(slot + k_bytes_ + b0 / kVTKeys * vt_block_bytes(p_.hdim_v)),
-                              kVTKeys);
-        }
+  const KVRows from = source(u);
+  char* slot = ws + static_cast<std::size_t>(u - u0) * slot_bytes_;
+  if (copy_k_)
+    for (int j = j0; j < j1; ++j) std::memcpy(slot + j * krow, from.k + j * ks_, krow);
+  if (copy_v_)
+    for (int j = j0; j < j1; ++j) std::memcpy(slot + k_bytes_ + j * vrow, from.v + j * vs_, vrow);
+  if (vt_)
+    for (int b0 = j0; b0 < j1; b0 += kVTKeys) {
+      const int n = std::min(kVTKeys, j1 - b0);
+      amx::transpose_rows(from.v + b0 * vs_, vs_, n, amx::pad32(n), p_.hdim_v,
+                          reinterpret_cast<std::uint16_t*>(slot + k_bytes_ + b0 / kVTKeys * vt_block_bytes(p_.hdim_v)),
+                          kVTKeys);
     }
-  });
+}
+
+KVFill::KVFill(const KVCopy& kv, char* ws, int u0, int u1)
+    : kv_(kv), ws_(ws), u0_(u0), chunks_(kv.chunks()), pairs_(new Progress[u1 - u0]) {}
+
+bool KVFill::claim_and_copy(int u) {
+  Progress& pr = pairs_[u - u0_];
+  // A plain load first: once a pair is claimed whole, its readers stop bumping the counter.
+  if (pr.claimed.load(std::memory_order_relaxed) >= chunks_) return false;
+  const int c = pr.claimed.fetch_add(1, std::memory_order_relaxed);
+  if (c >= chunks_) return false;
+  kv_.fill_chunk(ws_, u0_, u, c);
+  pr.done.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+void KVFill::help(int u) { claim_and_copy(u); }
+
+void KVFill::await(int u) {
+  while (claim_and_copy(u)) {
+  }
+  const Progress& pr = pairs_[u - u0_];
+  while (pr.done.load(std::memory_order_acquire) < chunks_) std::this_thread::yield();
 }
 
 KVRows KVCopy::rows(const char* ws, int u0, int u) const {

@@ -6,8 +6,10 @@
 // (the A operand of O^T += V^T P^T), where they are copied anyway or enough query tiles read them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/problem.hpp"
 #include "cpu/amx.hpp"
@@ -49,10 +51,12 @@ class KVCopy {
   // Workspace the copies need: 0 where each pair is read once anyway, or its rows are dense already
   // and no transposed values are wanted.
   std::size_t bytes() const { return static_cast<std::size_t>(slots_) * slot_bytes_; }
-  // Pairs per wave: fill() those, then attend their query tiles.
+  // Pairs per wave: copy those (KVFill), then attend their query tiles.
   int wave() const { return wave_; }
-  // Copies pairs [u0, u1) (one wave) into ws, in parallel.
-  void fill(char* ws, int u0, int u1) const;
+  // Chunks each pair's copy is made in (0 where nothing is copied).
+  int chunks() const { return slots_ == 0 ? 0 : chunks_; }
+  // Copies chunk c of pair u into the slot of the wave starting at u0.
+  void fill_chunk(char* ws, int u0, int u, int c) const;
   // Pair u's rows, from ws when the wave holding u (which starts at u0) was copied there.
   KVRows rows(const char* ws, int u0, int u) const;
 
@@ -64,7 +68,32 @@ class KVCopy {
   bool copy_k_ = false, copy_v_ = false, vt_ = false;  // what a slot holds: K's rows, V's rows or V^T
   std::size_t es_ = 0, k_bytes_ = 0, slot_bytes_ = 0;
   std::int64_t ks_ = 0, vs_ = 0;  // the caller's row strides, bytes
-  int slots_ = 0, wave_ = 1;
+  int slots_ = 0, wave_ = 1, chunks_ = 0;
+};
+
+// One wave's copies, made while the query tiles of earlier pairs are attended: a copy streams its
+// rows from memory, the tiles compute from cache, so the two overlap instead of taking turns.
+// Chunks are claimed by whoever gets to them first: a fill item scheduled a pair ahead of its
+// readers (help), or a reader that finds its pair unfinished (await). A reader waits only on
+// chunks another thread has started, so no order of running a parallel_for's ranges can deadlock.
+class KVFill {
+ public:
+  KVFill(const KVCopy& kv, char* ws, int u0, int u1);
+  // Copies one unclaimed chunk of pair u, if any is left.
+  void help(int u);
+  // Returns once pair u is copied, copying unclaimed chunks itself.
+  void await(int u);
+
+ private:
+  bool claim_and_copy(int u);
+
+  struct alignas(64) Progress {
+    std::atomic<int> claimed{0}, done{0};
+  };
+  const KVCopy& kv_;
+  char* ws_;
+  int u0_, chunks_;
+  std::unique_ptr<Progress[]> pairs_;
 };
 
 }  // namespace tileattn::cpu

@@ -1,6 +1,7 @@
 // The CPU flash forward against the fp64 reference on a random sweep, plus the edge rows.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 
 #include "attention_case.hpp"
@@ -158,12 +159,12 @@ TEST(FlashForward, CopiedKeyRowsMatchDenseRowsBitwise) {
         c.heads_q = heads_q;
         c.heads_kv = 3;
         c.seqlen_q = 150;
-        c.seqlen_k = 203;
+        c.seqlen_k = 601;  // copied in three chunks
         c.hdim = 72;
         c.hdim_v = 40;
         c.options.causal = true;
         c.varlen = varlen;
-        if (varlen) c.lens_q = {150, 0, 97}, c.lens_k = {203, 35, 131};
+        if (varlen) c.lens_q = {150, 0, 97}, c.lens_k = {601, 35, 331};
         const std::string ctx = "seed " + std::to_string(seed) + ": " + c.str();
         std::mt19937_64 rng(seed);
         CaseTensors t(c, rng);
@@ -181,6 +182,22 @@ TEST(FlashForward, CopiedKeyRowsMatchDenseRowsBitwise) {
           forward(a);
           EXPECT_EQ(t.out.to_f64(), once.out) << bytes << " bytes of workspace, " << ctx;
           EXPECT_EQ(t.lse.to_f64(), once.lse) << bytes << " bytes of workspace, " << ctx;
+        }
+        {
+          // A caller's parallel_for running the ranges one at a time, last first: each pair's
+          // readers come before the items that would copy it, so they must copy it themselves
+          // (a reader that only waited would hang here).
+          struct Restore {
+            ~Restore() { set_parallel_for({}); }
+          } restore;
+          set_parallel_for([](std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body) {
+            for (std::int64_t i = n; i-- > 0;) body(i, i + 1);
+          });
+          t.out.poison();
+          t.lse.poison();
+          forward(t.forward(c));
+          EXPECT_EQ(t.out.to_f64(), once.out) << "ranges in reverse, " << ctx;
+          EXPECT_EQ(t.lse.to_f64(), once.lse) << "ranges in reverse, " << ctx;
         }
         if (varlen) continue;
         Case d = c;
