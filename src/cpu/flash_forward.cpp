@@ -120,7 +120,9 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
     const int u1 = std::min(pairs, u0 + kv.wave());
     KVFill fill(kv, copies, u0, u1);
     // Per pair of the wave, its readers' tasks (query head of the group, query tile; the tile
-    // fastest), each run of them led by the chunks of the next pair's copy.
+    // fastest, last first: under a causal mask the last tiles see the most keys, and the longest
+    // tasks taken first leave the shortest for the end), each run of them led by the chunks of
+    // the next pair's copy.
     parallel_for(static_cast<std::int64_t>(u1 - u0) * (chunks + readers), [&](std::int64_t begin, std::int64_t end) {
       float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
                                                 : attend_tile_floats(p.hdim_qk, p.hdim_v));
@@ -132,7 +134,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
           if (u + 1 < u1) fill.help(u + 1);
           continue;
         }
-        const int qb = static_cast<int>(t % qblocks), b = u / p.heads_kv, g = u % p.heads_kv;
+        const int qb = static_cast<int>(qblocks - 1 - t % qblocks), b = u / p.heads_kv, g = u % p.heads_kv;
         const int h = g * group + static_cast<int>(t / qblocks);
         const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
         const int i0 = qb * flash::kBr;
