@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <limits>
+#include <vector>
 
 #include "attention_case.hpp"
 #include "core/problem.hpp"
@@ -68,6 +69,25 @@ TEST(FlashForward, RandomSweepMatchesReference) {
 TEST(FlashForward, Bf16ModelHeadDimsMatchReference) {
   RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
   expect_sweep_matches_reference(60, [](std::mt19937_64& rng) { return random_bf16_model_case(rng, 300); });
+}
+
+// bf16 over 4k+ keys at head dim 128 (K and V past a core's L2, dozens of key blocks per tile): on
+// a CPU with AMX, the tile-unit path under the sweep's options.
+TEST(FlashForward, Bf16LongKeysMatchReference) {
+  RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
+  expect_sweep_matches_reference(6, [](std::mt19937_64& rng) {
+    Case c = random_case(rng, 300);  // options, mask alignment, layout
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    c.dtype = DType::bf16;
+    c.batch = 1;
+    c.heads_kv = 1;
+    c.heads_q = std::vector<int>{1, 2, 4}[uni(0, 2)];
+    c.hdim = c.hdim_v = 128;
+    c.seqlen_q = uni(65, 300);
+    c.seqlen_k = uni(4097, 4700);
+    if (c.varlen) c.lens_q = {c.seqlen_q}, c.lens_k = {c.seqlen_k};
+    return c;
+  });
 }
 
 // Rows that see no key: out = 0, lse = -inf, and no NaN anywhere.
