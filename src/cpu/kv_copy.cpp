@@ -10,7 +10,7 @@
 namespace tileattn::cpu {
 namespace {
 
-// Rows copied per parallel chunk: whole blocks of transposed values.
+// Rows per chunk of a pair's copy: whole blocks of transposed values.
 constexpr int kChunkRows = 2 * kVTKeys;
 
 std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
@@ -67,7 +67,7 @@ void KVCopy::fill_chunk(char* ws, int u0, int u, int c) const {
 KVFill::KVFill(const KVCopy& kv, char* ws, int u0, int u1)
     : kv_(kv), ws_(ws), u0_(u0), chunks_(kv.chunks()), pairs_(new Progress[u1 - u0]) {}
 
-bool KVFill::claim_and_copy(int u) {
+bool KVFill::help(int u) {
   Progress& pr = pairs_[u - u0_];
   // A plain load first: once a pair is claimed whole, its readers stop bumping the counter.
   if (pr.claimed.load(std::memory_order_relaxed) >= chunks_) return false;
@@ -78,10 +78,8 @@ bool KVFill::claim_and_copy(int u) {
   return true;
 }
 
-void KVFill::help(int u) { claim_and_copy(u); }
-
 void KVFill::await(int u) {
-  while (claim_and_copy(u)) {
+  while (help(u)) {
   }
   const Progress& pr = pairs_[u - u0_];
   while (pr.done.load(std::memory_order_acquire) < chunks_) std::this_thread::yield();

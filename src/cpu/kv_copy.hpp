@@ -79,14 +79,12 @@ class KVCopy {
 class KVFill {
  public:
   KVFill(const KVCopy& kv, char* ws, int u0, int u1);
-  // Copies one unclaimed chunk of pair u, if any is left.
-  void help(int u);
+  // Copies one unclaimed chunk of pair u, if any is left; returns whether it did.
+  bool help(int u);
   // Returns once pair u is copied, copying unclaimed chunks itself.
   void await(int u);
 
  private:
-  bool claim_and_copy(int u);
-
   struct alignas(64) Progress {
     std::atomic<int> claimed{0}, done{0};
   };
