@@ -77,10 +77,10 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
     amx::product(kt, kts, qt, kRow, S, kRow, amx::pad16(nk), kBr, dp, false);
     const bool masked = !rows.full(j0, j1);
     if (scale_only && !masked) {
-      SoftmaxStep<4>(S, nk, m, l, alpha, sh.sm.scale * kLog2e, kMaxSlack);
+      SoftmaxStep<3>(S, nk, m, l, alpha, sh.sm.scale * kLog2e, kMaxSlack);
     } else {
       ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, masked);
-      SoftmaxStep<4>(S, nk, m, l, alpha, 1.f, kMaxSlack);
+      SoftmaxStep<3>(S, nk, m, l, alpha, 1.f, kMaxSlack);
     }
     if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
     if (!first) RescaleColumns(OT, dvp, alpha);

@@ -120,17 +120,23 @@ HWY_INLINE void Gemm(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0): round-to-nearest range reduction by the
-// 1.5 * 2^23 shifter, a polynomial for 2^f on [-0.5, 0.5] fitted to relative error, and the
-// factor 2^n. Degree 6 errs by 4.4e-9 (below fp32 rounding); degree 4 by 2.7e-6, for probabilities
-// that are rounded to bf16 next (2^-9) and two multiply-adds cheaper.
+// 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0): round-to-nearest range reduction, a
+// polynomial for 2^f on [-0.5, 0.5] fitted to relative error, and the factor 2^n. Degree 6 errs by
+// 4.4e-9 (below fp32 rounding); degree 3 by 7.5e-5, for probabilities that are rounded to bf16
+// next (2^-9) and three multiply-adds cheaper.
 template <int kDegree = 6>
 HWY_INLINE VF Exp2(DF d, VF x) {
-  static_assert(kDegree == 6 || kDegree == 4);
+  static_assert(kDegree == 6 || kDegree == 3);
+#if HWY_TARGET <= HWY_AVX3
+  // No clamp: n <= -127 (x = -inf included) is zeroed by the scalef's mask below.
+  const VF n{_mm512_roundscale_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+#else
+  // The 1.5 * 2^23 shifter rounds to nearest; its sum t also carries n into the exponent below.
   const VF shifter = hn::Set(d, 12582912.f);
   x = hn::Max(x, hn::Set(d, -127.f));
   const VF t = hn::Add(x, shifter);
   const VF n = hn::Sub(t, shifter);
+#endif
   const VF f = hn::Sub(x, n);
   VF p;
   if constexpr (kDegree == 6) {
@@ -142,11 +148,10 @@ HWY_INLINE VF Exp2(DF d, VF x) {
     p = hn::MulAdd(p, f, hn::Set(d, 6.931471992071403e-01f));
     p = hn::MulAdd(p, f, hn::Set(d, 1.f));
   } else {
-    p = hn::Set(d, 9.570101652662866e-03f);
-    p = hn::MulAdd(p, f, hn::Set(d, 5.591786210405638e-02f));
-    p = hn::MulAdd(p, f, hn::Set(d, 2.4024744849942273e-01f));
-    p = hn::MulAdd(p, f, hn::Set(d, 6.931218145215772e-01f));
-    p = hn::MulAdd(p, f, hn::Set(d, 9.999992614341702e-01f));
+    p = hn::Set(d, 5.517150138580566e-02f);
+    p = hn::MulAdd(p, f, hn::Set(d, 2.4261095811365485e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 6.932609941182521e-01f));
+    p = hn::MulAdd(p, f, hn::Set(d, 9.999280832958739e-01f));
   }
 #if HWY_TARGET <= HWY_AVX3
   // One scalef instead of building 2^n and multiplying; n = -127 is zeroed by the mask rather than
@@ -341,7 +346,7 @@ HWY_INLINE void SoftmaxInit(float* m, float* l) {
 // running max, and writes alpha, the factor each row's output so far must be rescaled by. With
 // slack > 0 a row's max moves only when the tile's exceeds it by more than that: the
 // probabilities may then reach 2^slack, and alpha is 1 for most rows once the max has settled.
-// kExpDegree 4 where the probabilities are rounded to bf16 next (see Exp2).
+// kExpDegree 3 where the probabilities are rounded to bf16 next (see Exp2).
 template <int kExpDegree = 6>
 HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f,
                             float slack = 0.f) {
