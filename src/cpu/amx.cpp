@@ -115,7 +115,7 @@ Session::~Session() { release_tiles(); }
 // right after the step's last product reading it. What counts is the block boundary: the next
 // block's first operands load before this block's C is stored, not queued behind its stores. In a
 // micro-benchmark of the forward's two products the order within a block changed nothing and this
-// took 6-9% off a product; 6% off the bf16 forward on the Xeon of bench/notes/cpu.md.
+// took 8-10% off a product on one thread; 6% off the bf16 forward on the Xeon of bench/notes/cpu.md.
 TILEATTN_AMX_TARGET void product(const void* a, std::ptrdiff_t as, const void* b, std::ptrdiff_t bs, float* c,
                                  std::ptrdiff_t cs, int m, int n, int k, bool acc) {
   stores_before_tile_loads();
