@@ -4,7 +4,6 @@
 #include <cstdint>
 
 namespace tileattn::tools {
-namespace {
 
 int parse_int(const std::string& flag, const std::string& text, int lo, int hi) {
   int v = 0;
@@ -17,6 +16,8 @@ int parse_int(const std::string& flag, const std::string& text, int lo, int hi) 
                      std::to_string(hi) + "]");
   return v;
 }
+
+namespace {
 
 std::vector<int> parse_int_list(const std::string& flag, const std::string& text, int lo, int hi) {
   std::vector<int> out;

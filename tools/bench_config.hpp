@@ -17,6 +17,9 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// `text` as an integer flag value in [lo, hi]; a UsageError naming the flag otherwise.
+int parse_int(const std::string& flag, const std::string& text, int lo, int hi);
+
 struct BenchConfig {
   int batch = 1;
   int heads = 8;

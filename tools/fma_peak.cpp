@@ -95,13 +95,8 @@ int run_peak(const std::vector<std::string>& flags) {
     if (flags[i] == "--json") {
       json = true;
     } else if (flags[i] == "--threads") {
-      if (i + 1 == flags.size()) throw UsageError("--threads needs a value");
-      try {
-        threads = std::stoi(flags[++i]);
-      } catch (const std::exception&) {
-        threads = 0;
-      }
-      if (threads < 1) throw UsageError("--threads must be a positive integer, got '" + flags[i] + "'");
+      if (i + 1 == flags.size()) throw UsageError("--threads expects a value");
+      threads = parse_int("--threads", flags[++i], 1, 4096);
     } else {
       throw UsageError("unknown flag '" + flags[i] + "'");
     }
