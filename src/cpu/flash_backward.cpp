@@ -65,7 +65,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   const int groups = flash::backward_key_groups(p);
   const std::size_t es = sizeof(T);
   const std::size_t tile_floats = static_cast<std::size_t>(kBr) * flash::backward_tile_floats(p);
-  flash::Workspace ws(a.options, workspace_size(p, a));
+  flash::Workspace ws(a.options, flash::backward_scratch_bytes(p, a));
   float* packed = ws.floats(static_cast<std::size_t>(p.heads_q) * tiles_total * tile_floats);  // [h][tile]
   float* dQp = ws.floats(static_cast<std::size_t>(groups) * p.heads_q * rows_total * Dp);  // [g][h][row][Dp]
   auto row_index = [&](int b, const Seq& s, int i) -> std::int64_t {
@@ -298,13 +298,8 @@ HWY_EXPORT(FlashBackward);
 
 void flash_backward(const Problem& p, const BackwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a); }
 
-// The packed query tiles of every head, and one fp32 dQ partial per key group: O(N).
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
-  const std::size_t packed = static_cast<std::size_t>(flash::backward_query_tiles(p, a)) * p.heads_q * flash::kBr *
-                             flash::backward_tile_floats(p);
-  const std::size_t partials = static_cast<std::size_t>(flash::total_q_rows(p, a)) * p.heads_q *
-                               flash::backward_key_groups(p) * flash::padded(p.hdim_qk);
-  return sizeof(float) * (packed + partials);
+  return flash::with_align_slack(flash::backward_scratch_bytes(p, a));
 }
 
 }  // namespace tileattn::cpu

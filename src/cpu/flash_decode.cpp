@@ -71,7 +71,7 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
   const int splits = flash::decode_splits(p, a.options);
   const int rows_per_group = group * sq;
   const int qtiles = (rows_per_group + kBr - 1) / kBr;
-  flash::Workspace ws(a.options, workspace_size(p, a));
+  flash::Workspace ws(a.options, flash::decode_scratch_bytes(p, a));
   const std::int64_t out_rows = static_cast<std::int64_t>(p.batch) * p.heads_q * sq;  // [b][h][i]
   float* Opart = splits > 1 ? ws.floats(static_cast<std::size_t>(splits) * out_rows * DV) : nullptr;
   float* Lpart = splits > 1 ? ws.floats(static_cast<std::size_t>(splits) * out_rows) : nullptr;
@@ -162,11 +162,8 @@ HWY_EXPORT(FlashDecode);
 
 void flash_decode(const Problem& p, const DecodeArgs& a) { HWY_DYNAMIC_DISPATCH(FlashDecode)(p, a); }
 
-// The splits' partial outputs and LSEs, when the keys are split.
 std::size_t workspace_size(const Problem& p, const DecodeArgs& a) {
-  const int splits = flash::decode_splits(p, a.options);
-  if (splits == 1) return 0;
-  return sizeof(float) * static_cast<std::size_t>(splits) * p.batch * p.heads_q * p.seqlen_q * (p.hdim_v + 1);
+  return flash::with_align_slack(flash::decode_scratch_bytes(p, a));
 }
 
 }  // namespace tileattn::cpu

@@ -111,7 +111,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
   const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
   // A caller's workspace below workspace_size bounds the copies (more waves).
-  const KVCopy kv(p, a, a.options.workspace != nullptr ? a.options.workspace_bytes : kKVCopyBudget);
+  const KVCopy kv(p, a, a.options.workspace != nullptr ? flash::usable_bytes(a.options) : kKVCopyBudget);
   flash::Workspace ws(a.options, kv.bytes());
   char* copies = reinterpret_cast<char*>(ws.floats(kv.bytes() / sizeof(float)));
   const int pairs = p.batch * p.heads_kv, group = p.group();
@@ -193,7 +193,9 @@ HWY_EXPORT(FlashForward);
 
 void flash_forward(const Problem& p, const ForwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashForward)(p, a); }
 
-std::size_t workspace_size(const Problem& p, const ForwardArgs& a) { return KVCopy(p, a, kKVCopyBudget).bytes(); }
+std::size_t workspace_size(const Problem& p, const ForwardArgs& a) {
+  return flash::with_align_slack(KVCopy(p, a, kKVCopyBudget).bytes());
+}
 
 }  // namespace tileattn::cpu
 #endif

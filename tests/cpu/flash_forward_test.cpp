@@ -8,6 +8,7 @@
 #include "attention_case.hpp"
 #include "core/problem.hpp"
 #include "cpu/amx.hpp"
+#include "cpu/flash_common.hpp"
 #include "cpu/reference.hpp"
 
 namespace tileattn::test {
@@ -188,16 +189,19 @@ TEST(FlashForward, CopiedKeyRowsMatchDenseRowsBitwise) {
         const std::string ctx = "seed " + std::to_string(seed) + ": " + c.str();
         std::mt19937_64 rng(seed);
         CaseTensors t(c, rng);
-        const std::size_t whole = workspace_size(t.forward(c)), pairs = c.batch * c.heads_kv;
-        ASSERT_GT(whole, 0u) << ctx;
-        ASSERT_EQ(whole % pairs, 0u) << ctx;
+        // The query's size: whole pairs' copies and the slack for aligning the caller's buffer.
+        const std::size_t slack = cpu::flash::kWorkspaceAlign - 1, pairs = c.batch * c.heads_kv;
+        const std::size_t whole = workspace_size(t.forward(c)), pair = (whole - slack) / pairs;
+        ASSERT_GT(whole, slack) << ctx;
+        ASSERT_EQ((whole - slack) % pairs, 0u) << ctx;
         const ForwardResult once = run_forward(c, t, Backend::cpu_flash);
-        for (std::size_t bytes : {whole / pairs, whole / pairs * 5 / 2}) {
-          std::vector<unsigned char> ws(bytes);
+        for (std::size_t bytes : {slack + pair, slack + pair * 5 / 2}) {
+          // One byte past an aligned address: the worst the slack allows for.
+          std::vector<unsigned char> ws(bytes + 2 * slack);
           t.out.poison();
           t.lse.poison();
           ForwardArgs a = t.forward(c);
-          a.options.workspace = ws.data();
+          a.options.workspace = ws.data() + cpu::flash::align_skip(ws.data()) + 1;
           a.options.workspace_bytes = bytes;
           forward(a);
           EXPECT_EQ(t.out.to_f64(), once.out) << bytes << " bytes of workspace, " << ctx;
