@@ -83,9 +83,9 @@ void combine(const CombineArgs& args);
 // The CPU forward's scratch is a copy of K's and V's rows where they lie apart (BSHD: heads
 // interleaved), and for bf16 on AMX V transposed in blocks of keys (unless V is dense and few query
 // tiles read it), by whole (sequence, KV head) pairs; given less than workspace_size, it holds as
-// many pairs as fit at once and works in more rounds (with room for none, it allocates one). The
-// CPU backend takes a workspace at any alignment: it starts at the buffer's first 64-byte
-// boundary, and the sizes it reports include the 63 bytes that may cost.
+// many pairs as fit at once and works in more rounds (with room for none, it allocates one). A
+// workspace may start at any address: a call starts its scratch at the buffer's first 64-byte
+// (CPU) or 256-byte (CUDA) boundary, and workspace_size includes the bytes that can cost.
 std::size_t workspace_size(const ForwardArgs& args);
 std::size_t workspace_size(const BackwardArgs& args);
 std::size_t workspace_size(const DecodeArgs& args);

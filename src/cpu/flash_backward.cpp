@@ -299,7 +299,7 @@ HWY_EXPORT(FlashBackward);
 void flash_backward(const Problem& p, const BackwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a); }
 
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
-  return flash::with_align_slack(flash::backward_scratch_bytes(p, a));
+  return flash::reported_bytes(flash::backward_scratch_bytes(p, a));
 }
 
 }  // namespace tileattn::cpu

@@ -8,6 +8,7 @@
 
 #include "core/problem.hpp"
 #include "core/scratch.hpp"
+#include "core/workspace.hpp"
 
 namespace tileattn::cpu::flash {
 
@@ -31,18 +32,17 @@ inline float* thread_tiles(std::size_t floats) {
 // A call's scratch starts on a 64-byte boundary wherever the caller's buffer does: the AMX
 // products read their operands in 64-byte rows, and rows of a copy that straddle two cache lines
 // cost the bf16 forward up to 10% (measured on a 16-core Xeon with a std::vector's 16-byte aligned
-// buffer). The sizes reported to callers hold that much slack.
+// buffer).
 inline constexpr std::size_t kWorkspaceAlign = 64;
-inline std::size_t with_align_slack(std::size_t bytes) { return bytes == 0 ? 0 : bytes + kWorkspaceAlign - 1; }
-
-// Bytes from p to the next aligned address.
-inline std::size_t align_skip(const void* p) { return -reinterpret_cast<std::uintptr_t>(p) % kWorkspaceAlign; }
 
 // Bytes of the caller's workspace from its first aligned byte on.
 inline std::size_t usable_bytes(const Options& o) {
-  const std::size_t skip = align_skip(o.workspace);
+  const std::size_t skip = align_skip(o.workspace, kWorkspaceAlign);
   return o.workspace != nullptr && o.workspace_bytes > skip ? o.workspace_bytes - skip : 0;
 }
+
+// What workspace_size reports for a call that needs `bytes`.
+inline std::size_t reported_bytes(std::size_t bytes) { return with_align_slack(bytes, kWorkspaceAlign); }
 
 // The call's O(N) workspace: the caller's when given and large enough, else allocated here (as
 // much as workspace_size reports, so the extra memory of a call is exactly that).
@@ -51,9 +51,9 @@ class Workspace {
   Workspace(const Options& o, std::size_t bytes) {
     if (bytes == 0) return;
     if (usable_bytes(o) >= bytes) {
-      base_ = static_cast<char*>(o.workspace) + align_skip(o.workspace);
+      base_ = static_cast<char*>(o.workspace) + align_skip(o.workspace, kWorkspaceAlign);
     } else {
-      own_ = Scratch(with_align_slack(bytes));
+      own_ = Scratch(reported_bytes(bytes));
       base_ = own_.as<char>();
     }
   }

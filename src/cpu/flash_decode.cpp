@@ -163,7 +163,7 @@ HWY_EXPORT(FlashDecode);
 void flash_decode(const Problem& p, const DecodeArgs& a) { HWY_DYNAMIC_DISPATCH(FlashDecode)(p, a); }
 
 std::size_t workspace_size(const Problem& p, const DecodeArgs& a) {
-  return flash::with_align_slack(flash::decode_scratch_bytes(p, a));
+  return flash::reported_bytes(flash::decode_scratch_bytes(p, a));
 }
 
 }  // namespace tileattn::cpu

@@ -194,7 +194,7 @@ HWY_EXPORT(FlashForward);
 void flash_forward(const Problem& p, const ForwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashForward)(p, a); }
 
 std::size_t workspace_size(const Problem& p, const ForwardArgs& a) {
-  return flash::with_align_slack(KVCopy(p, a, kKVCopyBudget).bytes());
+  return flash::reported_bytes(KVCopy(p, a, kKVCopyBudget).bytes());
 }
 
 }  // namespace tileattn::cpu

@@ -7,6 +7,7 @@
 #include "cuda/attn_params.hpp"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/runtime.hpp"
+#include "cuda/scratch_align.hpp"
 
 namespace tileattn::cuda {
 namespace {
@@ -57,7 +58,7 @@ int backward_instance_hdim(DType dtype, int hdim) {
   return in ? in->hdim : 0;
 }
 
-std::size_t workspace_size(const Problem& p, const BackwardArgs& a) { return scratch(p, a).total(); }
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a) { return reported_bytes(scratch(p, a).total()); }
 
 void backward(const Problem& pr, const BackwardArgs& a) {
   if (pr.batch == 0 || pr.heads_q == 0) return;

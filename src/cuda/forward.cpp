@@ -7,6 +7,7 @@
 #include "cuda/attn_params.hpp"
 #include "cuda/fwd_launch.hpp"
 #include "cuda/runtime.hpp"
+#include "cuda/scratch_align.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -46,7 +47,7 @@ bool claims_tiles(const Problem& pr) {
 
 std::size_t workspace_size(const Problem& pr, const ForwardArgs& a) {
   DeviceGuard device(a.q.device.index);
-  return claims_tiles(pr) ? kTileCounterBytes : 0;
+  return reported_bytes(claims_tiles(pr) ? kTileCounterBytes : 0);
 }
 
 void forward(const Problem& pr, const ForwardArgs& a) {

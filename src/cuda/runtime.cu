@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
+#include "cuda/scratch_align.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -88,8 +89,9 @@ DeviceGuard::~DeviceGuard() {
 
 Workspace::Workspace(const Options& o, std::size_t bytes, cudaStream_t stream) : stream_(stream) {
   if (bytes == 0) return;
-  if (o.workspace && o.workspace_bytes >= bytes) {
-    data_ = static_cast<char*>(o.workspace);
+  const std::size_t skip = align_skip(o.workspace, kScratchAlign);
+  if (o.workspace && o.workspace_bytes >= skip + bytes) {
+    data_ = static_cast<char*>(o.workspace) + skip;
     return;
   }
   // Inside a stream capture the allocation becomes the graph's own (a pool cannot be made there).

@@ -201,7 +201,7 @@ TEST(FlashForward, CopiedKeyRowsMatchDenseRowsBitwise) {
           t.out.poison();
           t.lse.poison();
           ForwardArgs a = t.forward(c);
-          a.options.workspace = ws.data() + cpu::flash::align_skip(ws.data()) + 1;
+          a.options.workspace = ws.data() + align_skip(ws.data(), cpu::flash::kWorkspaceAlign) + 1;
           a.options.workspace_bytes = bytes;
           forward(a);
           EXPECT_EQ(t.out.to_f64(), once.out) << bytes << " bytes of workspace, " << ctx;

@@ -73,7 +73,7 @@ TEST(FlashMemory, CallerWorkspaceMeansNoAllocation) {
   // At any alignment: the library aligns the buffer within the slack workspace_size includes.
   std::vector<char> ws(workspace_size(b) + 64);
   for (std::size_t skew : {0, 1, 16, 63}) {
-    char* base = ws.data() + cpu::flash::align_skip(ws.data()) + skew;
+    char* base = ws.data() + align_skip(ws.data(), cpu::flash::kWorkspaceAlign) + skew;
     b.options.workspace = base;
     b.options.workspace_bytes = workspace_size(b);
     EXPECT_EQ(peak_extra([&] { backward(b); }), 0u) << "workspace 64-byte aligned plus " << skew;

@@ -4,11 +4,14 @@
 // inputs the kernels cannot take are rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/problem.hpp"
+#include "core/workspace.hpp"
 #include "cpu/attention_case.hpp"
 #include "cpu/reference.hpp"
 #include "support/device_tensor.hpp"
@@ -270,6 +273,50 @@ TEST_F(GpuBackward, VarlenWithEmptySequencesAndLargeLogits) {
   Case big = base_case(DType::bf16, 190, 230, 64);
   big.options.scale = 8.f;  // logits of +-1e3 and more
   check_case(big, seed + 2);
+}
+
+// A caller's workspace at any address: the call starts its scratch (D = rowsum(dO * O), and the
+// fp32 dQ accumulator its atomics add into) at the buffer's first 256-byte boundary, within the
+// room workspace_size leaves, so the gradients are those of the library's own allocation.
+TEST_F(GpuBackward, TakesAWorkspaceAtAnyAlignment) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (bool deterministic : {true, false}) {
+    Case c = base_case(DType::bf16, 300, 411, 128);
+    c.options.deterministic = deterministic;
+    CaseTensors t(c, rng);
+    reference_forward(c, t);
+    const Grads own = gpu_backward(c, t);
+    OnDevice d(c, t);
+    BackwardArgs a = d.args(c, t);
+    const std::size_t bytes = workspace_size(a);
+    ASSERT_GT(bytes, 0u);
+    DeviceBuffer buf(bytes + 512);
+    for (std::size_t skew : {0, 1, 4, 255}) {
+      SCOPED_TRACE("deterministic " + std::to_string(deterministic) + ", 256-byte boundary + " + std::to_string(skew));
+      a.options.workspace = static_cast<char*>(buf.data()) + align_skip(buf.data(), 256) + skew;
+      a.options.workspace_bytes = bytes;
+      backward(a);
+      device_synchronize();
+      d.dq.to_host(t.dq);
+      d.dk.to_host(t.dk);
+      d.dv.to_host(t.dv);
+      EXPECT_EQ(t.dk.to_f64(), own.dk);
+      EXPECT_EQ(t.dv.to_f64(), own.dv);
+      if (deterministic) {
+        EXPECT_EQ(t.dq.to_f64(), own.dq);
+      } else {  // the atomics' order varies: as close as two runs of the same call
+        const std::vector<double> dq = t.dq.to_f64();
+        double worst = 0, scale = 0;
+        for (std::size_t i = 0; i < dq.size(); ++i) {
+          worst = std::max(worst, std::abs(dq[i] - own.dq[i]));
+          scale = std::max(scale, std::abs(own.dq[i]));
+        }
+        EXPECT_LE(worst, scale / 64) << "largest dq difference";
+      }
+    }
+  }
 }
 
 TEST_F(GpuBackward, RejectsWhatTheKernelCannotTake) {

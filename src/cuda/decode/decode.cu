@@ -13,6 +13,7 @@
 #include "cuda/decode/split_kv_kernel.cuh"
 #include "cuda/dependent_launch.cuh"
 #include "cuda/runtime.hpp"
+#include "cuda/scratch_align.hpp"
 
 namespace tileattn::cuda {
 namespace {
@@ -229,7 +230,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
 
 }  // namespace
 
-std::size_t workspace_size(const Problem& p, const DecodeArgs& a) { return layout(p, a.options).total; }
+std::size_t workspace_size(const Problem& p, const DecodeArgs& a) { return reported_bytes(layout(p, a.options).total); }
 
 void decode(const Problem& p, const DecodeArgs& a) {
   DeviceGuard device(a.q.device.index);
