@@ -135,7 +135,7 @@ Layout layout(const Problem& p, const Options& o) {
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
   w.arrivals = at;
-  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(int));
+  if (w.splits > 1) at += align(2 * static_cast<std::size_t>(w.groups) * sizeof(int));  // arrived, published
   w.total = at;
   return w;
 }
@@ -143,7 +143,7 @@ Layout layout(const Problem& p, const Options& o) {
 // The split kernel; with splits, after the kernel that zeroes its arrival counters
 // (dependent_launch.cuh: its blocks wait for the zeroes only before counting their own arrival).
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
-  if (w.splits > 1) return launch_after_clearing(prm.arrivals, w.groups, k.fn, grid, dim3(k.threads), k.smem, s, prm);
+  if (w.splits > 1) return launch_after_clearing(prm.arrivals, 2 * w.groups, k.fn, grid, dim3(k.threads), k.smem, s, prm);
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv launch");
 }

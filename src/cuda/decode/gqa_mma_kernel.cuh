@@ -34,7 +34,8 @@ struct GqaMmaShape {
   static constexpr int kRampTiles = 4;
   static constexpr std::size_t kStageBytes = 2ull * kKeys * D * 2;  // K and V
   static constexpr std::size_t kRingBytes = WARPS * kStages * kStageBytes;
-  static constexpr std::size_t kMergeBytes = (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float);
+  static constexpr std::size_t kMergeBytes =
+      (WARPS * kRows * D + WARPS * kRows * 2) * sizeof(float) + kOwnPartialBytes<kRows, D>;
   static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
 };
 
@@ -291,6 +292,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings become the merge scratch
+  const unsigned long long arrival = count_arrival(p);
 
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
@@ -302,20 +304,23 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int r = gi + 8 * hr;
-    if (chunk * ROWS + r >= rows_total) continue;  // padding rows: nothing reads them
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti] = o[nd][2 * hr];
-      s_acc[(warp * ROWS + r) * D + nd * 8 + 2 * ti + 1] = o[nd][2 * hr + 1];
-    }
-    if (ti == 0) {
+    if (ti == 0 && chunk * ROWS + r < rows_total) {  // padding rows: nothing reads them
       s_ml[(warp * ROWS + r) * 2] = m[hr];
       s_ml[(warp * ROWS + r) * 2 + 1] = l[hr];
     }
   }
-  __syncthreads();
-  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
-  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 16>(p, b, g, chunk);
+  __syncthreads();  // every warp's row maxima and sums
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = gi + 8 * hr;
+    if (chunk * ROWS + r >= rows_total) continue;
+    const float f = warp_weight<ROWS, WARPS>(s_ml, warp, r);
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      *reinterpret_cast<float2*>(s_acc + (warp * ROWS + r) * D + nd * 8 + 2 * ti) =
+          make_float2(o[nd][2 * hr] * f, o[nd][2 * hr + 1] * f);
+  }
+  finish_block<T, ROWS, WARPS, D, 16>(p, s_acc, s_ml, s_ml + WARPS * ROWS * 2, b, g, chunk, split, arrival);
 }
 
 }  // namespace tileattn::cuda::decoding

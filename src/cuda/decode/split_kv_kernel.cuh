@@ -31,7 +31,8 @@ struct SplitKvShape {
   static constexpr int kStageKeys = kSlots * kUnroll;
   static constexpr int kStages = 4;
   static constexpr std::size_t kRingBytes = 2ull * kStages * kStageKeys * D * 2;
-  static constexpr std::size_t kMergeBytes = (WARPS * ROWS * D + WARPS * ROWS * 2) * sizeof(float);
+  static constexpr std::size_t kMergeBytes =
+      (WARPS * ROWS * D + WARPS * ROWS * 2) * sizeof(float) + kOwnPartialBytes<ROWS, D>;
   static constexpr std::size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
 };
 
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the merge scratch
+  const unsigned long long arrival = count_arrival(p);
 
   // Merge the slots of a warp (lanes TPK apart), then the warps through shared memory.
 #pragma unroll
@@ -190,21 +192,23 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   }
   float* s_acc = reinterpret_cast<float*>(smem_raw);  // [WARPS][ROWS][D]
   float* s_ml = s_acc + WARPS * ROWS * D;              // [WARPS][ROWS][2]
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      s_ml[(warp * ROWS + r) * 2] = m[r];
+      s_ml[(warp * ROWS + r) * 2 + 1] = l[r];
+    }
+  }
+  __syncthreads();  // every warp's row maxima and sums
   if (lane < TPK) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
+      const float f = warp_weight<ROWS, WARPS>(s_ml, warp, r);
 #pragma unroll
-      for (int c = 0; c < 8; ++c) s_acc[(warp * ROWS + r) * D + c0 + c] = acc[r][c];
-      if (lane == 0) {
-        s_ml[(warp * ROWS + r) * 2] = m[r];
-        s_ml[(warp * ROWS + r) * 2 + 1] = l[r];
-      }
+      for (int c = 0; c < 8; ++c) s_acc[(warp * ROWS + r) * D + c0 + c] = acc[r][c] * f;
     }
   }
-  __syncthreads();
-
-  merge_and_store<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split);
-  if (p.arrivals) merge_splits_if_last<T, ROWS, WARPS * 32, 8>(p, b, g, chunk);
+  finish_block<T, ROWS, WARPS, D, 8>(p, s_acc, s_ml, s_ml + WARPS * ROWS * 2, b, g, chunk, split, arrival);
 }
 
 }  // namespace tileattn::cuda::decoding
