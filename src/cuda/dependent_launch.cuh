@@ -29,16 +29,16 @@ __device__ __forceinline__ void wait_for_primary() {
 template <class = void>
 __global__ void clear_counters(int* counters, int n) {
   allow_dependent_launch();
+  wait_for_primary();  // launched early (launch_after_clearing's `early`): the counters' last users are done
   for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
 }
 
-// Zeroes counters[0, n) on stream s, then launches kernel<<<grid, block, smem, s>>>(args...) as the
-// clearing kernel's programmatic dependent.
+// Launches kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent of the work before
+// it on stream s, where the device has dependent launch: its blocks may start while that work
+// finishes, so it calls wait_for_primary() before it first reads or writes what that work touches.
 template <class... Params, class... Args>
-void launch_after_clearing(int* counters, int n, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                           cudaStream_t s, Args&&... args) {
-  clear_counters<<<1, 256, 0, s>>>(counters, n);
-  check_launch("clearing the work counters");
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
+                      Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -49,7 +49,23 @@ void launch_after_clearing(int* counters, int n, void (*kernel)(Params...), dim3
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = device_has_dependent_launch() ? 1 : 0;
-  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "launching a kernel after its counters' clearing");
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "launching a kernel as a dependent launch");
+}
+
+// Zeroes counters[0, n) on stream s, then launches kernel<<<grid, block, smem, s>>>(args...) as the
+// clearing kernel's programmatic dependent. early: the clearing kernel itself is a dependent launch
+// of the work before it, so that neither launch waits for that work to end; the kernel must then
+// call wait_for_primary() before it reads anything earlier work writes, not only the counters.
+template <class... Params, class... Args>
+void launch_after_clearing(int* counters, int n, bool early, void (*kernel)(Params...), dim3 grid, dim3 block,
+                           std::size_t smem, cudaStream_t s, Args&&... args) {
+  if (early) {
+    launch_dependent(clear_counters<>, dim3(1), dim3(256), 0, s, counters, n);
+  } else {
+    clear_counters<<<1, 256, 0, s>>>(counters, n);
+    check_launch("clearing the work counters");
+  }
+  launch_dependent(kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace tileattn::cuda

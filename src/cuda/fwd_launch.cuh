@@ -82,7 +82,7 @@ void launch_sm90(const FwdParams& p, const FwdGrid& g) {
   const TileScheduler sched{m_blocks, g.heads_q, m_blocks * g.batch * g.heads_q, g.tile_counter};
   const int grid = sched.num_tiles < device_sm_count() ? sched.num_tiles : device_sm_count();
   if (g.tile_counter != nullptr) {
-    launch_after_clearing(g.tile_counter, 1, kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, g.stream, p, tma,
+    launch_after_clearing(g.tile_counter, 1, false, kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, g.stream, p, tma,
                           sched);
     return;
   }

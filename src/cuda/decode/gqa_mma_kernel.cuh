@@ -100,6 +100,11 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   const int b = blk.b, chunk = blk.chunk, g = blk.g, split = blk.split;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gi = lane / 4, ti = lane % 4;  // mma fragment coordinates
+  // With splits a dependent launch (decode.cu): nothing is read before the work ahead of it (the
+  // counters' clearing, and through it the append kernel and the caller's kernels) has ended. The
+  // next call's clearing kernel may start at once and wait likewise.
+  allow_dependent_launch();
+  wait_for_primary();
 
   const int sk = seq_keys(p, b);
   const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);

@@ -52,6 +52,11 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   const int sub = lane % TPK;          // which 8 features this lane owns
   const int slot = threadIdx.x / TPK;  // which key of each group of SLOTS this lane works on
   const int c0 = sub * 8;
+  // With splits a dependent launch (decode.cu): nothing is read before the work ahead of it (the
+  // counters' clearing, and through it the append kernel and the caller's kernels) has ended. The
+  // next call's clearing kernel may start at once and wait likewise.
+  allow_dependent_launch();
+  wait_for_primary();
 
   const int sk = seq_keys(p, b);
   const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);

@@ -82,7 +82,6 @@ __device__ __forceinline__ unsigned long long* group_state(const Params& p) {
 // the publications it counts (releases by the other blocks) are visible after it.
 __device__ __forceinline__ unsigned long long count_arrival(const Params& p) {
   if (!p.arrivals || threadIdx.x != 0) return 0;
-  wait_for_primary();  // the counters' clearing has finished
   unsigned long long before;
   asm volatile("atom.acquire.gpu.global.add.u64 %0, [%1], %2;\n"
                : "=l"(before) : "l"(group_state(p)), "l"(kArrival) : "memory");
