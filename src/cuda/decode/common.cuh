@@ -33,8 +33,8 @@ struct Params {
   std::int64_t l_b, l_h, l_i;
   float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
   float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
-  int* arrivals;  // splits > 1: [2][gridDim.x] split blocks arrived and partials published per
-                  // blockIdx.x (split_merge.cuh), zeroed by the kernel launched just before the split kernel
+  int* arrivals;  // splits > 1: a 64-bit state word per blockIdx.x (split_merge.cuh), as two ints
+                  // each, zeroed by the kernel launched just before the split kernel
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
@@ -135,7 +136,7 @@ Layout layout(const Problem& p, const Options& o) {
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
   w.arrivals = at;
-  if (w.splits > 1) at += align(2 * static_cast<std::size_t>(w.groups) * sizeof(int));  // arrived, published
+  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(std::uint64_t));  // split_merge.cuh
   w.total = at;
   return w;
 }
@@ -146,7 +147,7 @@ Layout layout(const Problem& p, const Options& o) {
 // (graph replay), the two launches' latency behind the call before. A single launch (no split)
 // gained nothing that way: 16x8k ran 0.5% slower as a dependent launch.
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
-  if (w.splits > 1) return launch_after_clearing(prm.arrivals, 2 * w.groups, true, k.fn, grid, dim3(k.threads), k.smem, s, prm);
+  if (w.splits > 1) return launch_after_clearing(prm.arrivals, 2 * w.groups /* ints */, true, k.fn, grid, dim3(k.threads), k.smem, s, prm);
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv launch");
 }

@@ -9,39 +9,36 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
+#include <cstddef>
 
 #include "cuda/decode/common.cuh"
 #include "cuda/decode/vec.cuh"
 
 namespace tileattn::cuda::decoding {
 
-// Columns c .. c + V - 1 of output row (b, i, h), merged over every split: the splits' LSEs and
-// partials are read kBatch splits at a time, all loads of a batch independent of each other;
-// split `own`'s (this block's) come from shared memory.
-template <class T, int V, int kBatch>
-__device__ void merge_columns(const Params& p, int b, int i, int h, int c, int own, const float* own_x, float own_lse) {
+// Columns c and c + 1 of output row (b, i, h) (head dims are multiples of 8), merged over every
+// split: the splits' LSEs and partials are read kBatch splits at a time, all loads of a batch
+// independent of each other; split `own`'s (this block's) come from shared memory.
+template <class T, int kBatch>
+__device__ void merge_columns(const Params& p, int b, int i, int h, int c, int own, float2 own_x, float own_lse) {
   const float kNegInf = -CUDART_INF_F;
   const std::int64_t bh_rows = static_cast<std::int64_t>(p.batch) * p.seqlen_q * p.heads_q;
   const std::int64_t row = (static_cast<std::int64_t>(b) * p.seqlen_q + i) * p.heads_q + h;
   const float* lp = p.lse_partial + (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + i;
   const float* op = p.out_partial + row * p.hdim_v + c;
-  float m = kNegInf, l = 0.f, acc[V] = {};
+  float m = kNegInf, l = 0.f;
+  float2 acc = make_float2(0.f, 0.f);
   for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
-    float ls[kBatch], xs[kBatch][V];
+    float ls[kBatch];
+    float2 xs[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int s = s0 + k;
       const bool in = s < p.splits && s != own;
       // __ldcg: L2 only; an L1 line of this SM may still hold an earlier call's partials.
       ls[k] = in ? __ldcg(lp + s * bh_rows) : s == own ? own_lse : kNegInf;
-      if constexpr (V == 2) {
-        const float2 x = in ? __ldcg(reinterpret_cast<const float2*>(op + s * bh_rows * p.hdim_v))
-                            : s == own ? make_float2(own_x[0], own_x[1]) : make_float2(0.f, 0.f);
-        xs[k][0] = x.x, xs[k][1] = x.y;
-      } else {
-        xs[k][0] = in ? __ldcg(op + s * bh_rows * p.hdim_v) : s == own ? own_x[0] : 0.f;
-      }
+      xs[k] = in ? __ldcg(reinterpret_cast<const float2*>(op + s * bh_rows * p.hdim_v))
+                 : s == own ? own_x : make_float2(0.f, 0.f);
     }
     float mb = m;
 #pragma unroll
@@ -49,22 +46,20 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c, int o
     if (mb == kNegInf) continue;
     const float a = __expf(m - mb);  // 0 while m is still -inf
     l *= a;
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] *= a;
+    acc.x *= a, acc.y *= a;
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const float w = __expf(ls[k] - mb);
       if (w > 0.f) {  // an empty split (LSE -inf) adds nothing
         l += w;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] += w * xs[k][v];
+        acc.x += w * xs[k].x, acc.y += w * xs[k].y;
       }
     }
     m = mb;
   }
   T* o = static_cast<T*>(p.out) + b * p.o_b + i * p.o_i + h * p.o_h + c;
-#pragma unroll
-  for (int v = 0; v < V; ++v) o[v] = from_float<T>(l > 0.f ? acc[v] / l : 0.f);
+  o[0] = from_float<T>(l > 0.f ? acc.x / l : 0.f);
+  o[1] = from_float<T>(l > 0.f ? acc.y / l : 0.f);
   if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l > 0.f ? m + __logf(l) : kNegInf;
 }
 
@@ -129,21 +124,13 @@ __device__ void finish_block(const Params& p, const float* s_acc, const float* s
   __syncthreads();
   const int group = p.heads_q / p.heads_kv, rows_total = p.seqlen_q * group;
   const int rows = min(ROWS, rows_total - chunk * ROWS);
-  // Thread e of a row's units takes V columns; rows of the chunk map to (query row, head) as in
-  // sum_warps.
-  auto merge = [&](auto vec) {
-    constexpr int V = decltype(vec)::value;
-    const int units = p.hdim_v / V;
-    for (int e = threadIdx.x; e < rows * units; e += THREADS) {
-      const int r = e / units, c = V * (e % units), rr = chunk * ROWS + r;
-      merge_columns<T, V, BATCH>(p, b, rr / group, g * group + rr % group, c, split, s_own + r * D + c,
-                                 s_own[ROWS * D + r]);
-    }
-  };
-  if (p.hdim_v % 2 == 0)
-    merge(std::integral_constant<int, 2>{});
-  else
-    merge(std::integral_constant<int, 1>{});
+  // Thread e takes two columns of a row; rows of the chunk map to (query row, head) as in sum_warps.
+  const int pairs = p.hdim_v / 2;
+  for (int e = threadIdx.x; e < rows * pairs; e += THREADS) {
+    const int r = e / pairs, c = 2 * (e % pairs), rr = chunk * ROWS + r;
+    merge_columns<T, BATCH>(p, b, rr / group, g * group + rr % group, c, split,
+                            *reinterpret_cast<const float2*>(s_own + r * D + c), s_own[ROWS * D + r]);
+  }
 }
 
 }  // namespace tileattn::cuda::decoding
