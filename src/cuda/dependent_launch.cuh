@@ -26,8 +26,8 @@ __device__ __forceinline__ void wait_for_primary() {
 #endif
 }
 
-template <class = void>
-__global__ void clear_counters(int* counters, int n) {
+template <class C>
+__global__ void clear_counters(C* counters, int n) {
   allow_dependent_launch();
   wait_for_primary();  // launched early (launch_after_clearing's `early`): the counters' last users are done
   for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
@@ -56,11 +56,11 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::siz
 // clearing kernel's programmatic dependent. early: the clearing kernel itself is a dependent launch
 // of the work before it, so that neither launch waits for that work to end; the kernel must then
 // call wait_for_primary() before it reads anything earlier work writes, not only the counters.
-template <class... Params, class... Args>
-void launch_after_clearing(int* counters, int n, bool early, void (*kernel)(Params...), dim3 grid, dim3 block,
+template <class C, class... Params, class... Args>
+void launch_after_clearing(C* counters, int n, bool early, void (*kernel)(Params...), dim3 grid, dim3 block,
                            std::size_t smem, cudaStream_t s, Args&&... args) {
   if (early) {
-    launch_dependent(clear_counters<>, dim3(1), dim3(256), 0, s, counters, n);
+    launch_dependent(clear_counters<C>, dim3(1), dim3(256), 0, s, counters, n);
   } else {
     clear_counters<<<1, 256, 0, s>>>(counters, n);
     check_launch("clearing the work counters");

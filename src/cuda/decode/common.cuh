@@ -33,8 +33,8 @@ struct Params {
   std::int64_t l_b, l_h, l_i;
   float* out_partial;  // splits > 1: fp32 [splits, batch, seqlen_q, heads_q, hdim_v], contiguous
   float* lse_partial;  // splits > 1: fp32 [splits, batch, heads_q, seqlen_q], contiguous
-  int* arrivals;  // splits > 1: a 64-bit state word per blockIdx.x (split_merge.cuh), as two ints
-                  // each, zeroed by the kernel launched just before the split kernel
+  unsigned long long* group_state;  // splits > 1: a word per blockIdx.x (split_merge.cuh), zeroed by
+                                    // the kernel launched just before the split kernel
   const float* alibi;
   std::int64_t alibi_b, alibi_h;  // alibi_b = 0 for per-head slopes
   int batch, seqlen_q, heads_q, heads_kv, hdim_qk, hdim_v;
@@ -114,6 +114,10 @@ __device__ __forceinline__ float warp_weight(const float* s_ml, int w, int r) {
 // in the workspace, or the same in shared memory, s_own: [ROWS][D] outputs, then [ROWS]
 // natural-log LSEs (the split group's last block, split_merge.cuh).
 enum class Sink { output, partial, own };
+
+// The bytes of s_own, which the kernels' shared memory holds past s_ml.
+template <int ROWS, int D>
+constexpr std::size_t kOwnPartialBytes = (ROWS * D + ROWS) * sizeof(float);
 
 template <class T, int ROWS, int WARPS, int D>
 __device__ void sum_warps(const Params& p, const float* s_acc, const float* s_ml, int b, int g, int chunk, int split,

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdint>
 
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
@@ -118,7 +117,7 @@ int choose_splits(const Problem& p, const Options& o) {
 struct Layout {
   int splits;
   int groups;  // blocks per split: (batch, row chunk, KV head)
-  std::size_t out_partial, lse_partial, q_rot, arrivals, total;  // byte offsets and size
+  std::size_t out_partial, lse_partial, q_rot, group_state, total;  // byte offsets and size
 };
 
 Layout layout(const Problem& p, const Options& o) {
@@ -135,8 +134,8 @@ Layout layout(const Problem& p, const Options& o) {
   if (w.splits > 1) at += align(w.splits * rows * sizeof(float));
   w.q_rot = at;
   if (p.rotary_dim) at += align(rows * p.hdim_qk * 2);
-  w.arrivals = at;
-  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(std::uint64_t));  // split_merge.cuh
+  w.group_state = at;
+  if (w.splits > 1) at += align(static_cast<std::size_t>(w.groups) * sizeof(unsigned long long));
   w.total = at;
   return w;
 }
@@ -147,7 +146,7 @@ Layout layout(const Problem& p, const Options& o) {
 // (graph replay), the two launches' latency behind the call before. A single launch (no split)
 // gained nothing that way: 16x8k ran 0.5% slower as a dependent launch.
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
-  if (w.splits > 1) return launch_after_clearing(prm.arrivals, 2 * w.groups /* ints */, true, k.fn, grid, dim3(k.threads), k.smem, s, prm);
+  if (w.splits > 1) return launch_after_clearing(prm.group_state, w.groups, true, k.fn, grid, dim3(k.threads), k.smem, s, prm);
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv launch");
 }
@@ -213,7 +212,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   }
   prm.out_partial = reinterpret_cast<float*>(ws + w.out_partial);
   prm.lse_partial = reinterpret_cast<float*>(ws + w.lse_partial);
-  if (w.splits > 1) prm.arrivals = reinterpret_cast<int*>(ws + w.arrivals);
+  if (w.splits > 1) prm.group_state = reinterpret_cast<unsigned long long*>(ws + w.group_state);
   if (p.has_alibi) {
     prm.alibi = a.alibi_slopes.ptr<const float>();
     prm.alibi_b = p.alibi_per_batch ? a.alibi_slopes.stride[0] : 0;

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstddef>
 
 #include "cuda/decode/common.cuh"
 #include "cuda/decode/vec.cuh"
@@ -63,30 +62,23 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c, int o
   if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l > 0.f ? m + __logf(l) : kNegInf;
 }
 
-// The split group's state, one 64-bit word per blockIdx.x in p.arrivals: blocks arrived in the
+// The split group's state, one 64-bit word per blockIdx.x in p.group_state: blocks arrived in the
 // high half, partials published in the low half. One word, so the last block's arrival also
 // tells it whether every other split has published yet.
 constexpr unsigned long long kArrival = 1ull << 32;
 
-__device__ __forceinline__ unsigned long long* group_state(const Params& p) {
-  return reinterpret_cast<unsigned long long*>(p.arrivals) + blockIdx.x;
-}
+__device__ __forceinline__ unsigned long long* state_word(const Params& p) { return p.group_state + blockIdx.x; }
 
 // Thread 0 of a split block, as soon as the block's keys are done: counts its arrival. The
 // result is first used in finish_block, so its round trip overlaps the warps' merge. An acquire:
 // the publications it counts (releases by the other blocks) are visible after it.
 __device__ __forceinline__ unsigned long long count_arrival(const Params& p) {
-  if (!p.arrivals || threadIdx.x != 0) return 0;
+  if (!p.group_state || threadIdx.x != 0) return 0;
   unsigned long long before;
   asm volatile("atom.acquire.gpu.global.add.u64 %0, [%1], %2;\n"
-               : "=l"(before) : "l"(group_state(p)), "l"(kArrival) : "memory");
+               : "=l"(before) : "l"(state_word(p)), "l"(kArrival) : "memory");
   return before;
 }
-
-// Shared memory finish_block uses past the warps' states: the block's merged partial
-// ([ROWS][D] outputs, then [ROWS] LSEs).
-template <int ROWS, int D>
-constexpr std::size_t kOwnPartialBytes = (ROWS * D + ROWS) * sizeof(float);
 
 // The end of every split-KV block, once its warps' weighted states are in s_acc (common.cuh) and
 // thread 0 holds count_arrival's result. One split: the output. Otherwise every block but the
@@ -99,7 +91,7 @@ __device__ void finish_block(const Params& p, const float* s_acc, const float* s
   constexpr int THREADS = WARPS * 32;
   __shared__ int s_wait;  // the last block: publications it has yet to see; -1 for the others
   if (threadIdx.x == 0)
-    s_wait = p.arrivals && (arrival >> 32) == static_cast<unsigned>(p.splits - 1)
+    s_wait = p.group_state && (arrival >> 32) == static_cast<unsigned>(p.splits - 1)
                  ? static_cast<int>(p.splits - 1 - (arrival & 0xffffffffu))
                  : -1;
   __syncthreads();  // s_acc and s_wait are written
@@ -110,13 +102,13 @@ __device__ void finish_block(const Params& p, const float* s_acc, const float* s
     __syncthreads();
     // The block's partial stores precede thread 0's publication through the barrier, and the
     // publication is a release, cumulative over them.
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(group_state(p)) : "memory");
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(state_word(p)) : "memory");
     return;
   }
   sum_warps<T, ROWS, WARPS, D>(p, s_acc, s_ml, b, g, chunk, split, Sink::own, s_own);
   if (wait > 0 && threadIdx.x == 0) {
     unsigned long long now;  // the other blocks have all arrived: each is resident and publishes soon
-    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(now) : "l"(group_state(p)) : "memory");
+    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(now) : "l"(state_word(p)) : "memory");
     while ((now & 0xffffffffu) != static_cast<unsigned>(p.splits - 1));
   }
   // Thread 0's acquire (the arrival or the wait) and this barrier make every other split's
