@@ -2,8 +2,10 @@
 // command line and prints one JSON object per row (bench/gpu_bench.py runs it beside the PyTorch
 // peers and merges the records).
 //
-//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...
+//   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward [--deterministic]]
+//                      BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V]] ...
 //
+// HEADS_KV defaults to HEADS (grouped-query rows give fewer), HDIM_V to HDIM.
 // The backward's out and lse come from one forward call per input set, before the timing.
 // Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
 // no call finds its inputs in L2. `ms` is the median of calls issued back to back, as the peers are
@@ -29,6 +31,7 @@ using bench::check;
 struct Row {
   int batch, seqlen, heads, hdim;
   bool causal;
+  int heads_kv, hdim_v;
 };
 
 constexpr int kSets = 3;
@@ -52,17 +55,25 @@ int main(int argc, char** argv) {
     } else {
       Row r{};
       int causal = 0;
-      if (std::sscanf(argv[i], "%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal) != 5) {
-        std::fprintf(stderr, "usage: %s [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] BATCH:SEQLEN:HEADS:HDIM:CAUSAL ...\n", argv[0]);
+      const int n = std::sscanf(argv[i], "%d:%d:%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal,
+                                &r.heads_kv, &r.hdim_v);
+      if (n < 5) {
+        std::fprintf(stderr,
+                     "usage: %s [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] "
+                     "BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V]] ...\n",
+                     argv[0]);
         return 2;
       }
       r.causal = causal != 0;
+      if (n < 6) r.heads_kv = r.heads;
+      if (n < 7) r.hdim_v = r.hdim;
       rows.push_back(r);
     }
   }
 
   std::size_t max_elems = 0;
-  for (const Row& r : rows) max_elems = std::max(max_elems, std::size_t(r.batch) * r.seqlen * r.heads * r.hdim);
+  for (const Row& r : rows)
+    max_elems = std::max(max_elems, std::size_t(r.batch) * r.seqlen * r.heads * std::max(r.hdim, r.hdim_v));
   // Random inputs: one host pattern per tensor role, copied into every set.
   std::vector<std::uint16_t> host(max_elems);
   std::uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -89,9 +100,9 @@ int main(int argc, char** argv) {
     auto args_for = [&](int s) {
       tileattn::ForwardArgs a;
       a.q = tileattn::view(q[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.k = tileattn::view(k[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.v = tileattn::view(v[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.out = tileattn::view(o[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.k = tileattn::view(k[s], dtype, {r.batch, r.seqlen, r.heads_kv, r.hdim}, dev);
+      a.v = tileattn::view(v[s], dtype, {r.batch, r.seqlen, r.heads_kv, r.hdim_v}, dev);
+      a.out = tileattn::view(o[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim_v}, dev);
       a.lse = tileattn::view(lse[s], tileattn::DType::f32, {r.batch, r.heads, r.seqlen}, dev);
       a.options.causal = r.causal;
       a.options.backend = tileattn::Backend::cuda;
@@ -105,10 +116,10 @@ int main(int argc, char** argv) {
       a.v = f.v;
       a.out = f.out;
       a.lse = f.lse;
-      a.dout = tileattn::view(dout[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.dout = tileattn::view(dout[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim_v}, dev);
       a.dq = tileattn::view(dq[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.dk = tileattn::view(dk[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
-      a.dv = tileattn::view(dv[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim}, dev);
+      a.dk = tileattn::view(dk[s], dtype, {r.batch, r.seqlen, r.heads_kv, r.hdim}, dev);
+      a.dv = tileattn::view(dv[s], dtype, {r.batch, r.seqlen, r.heads_kv, r.hdim_v}, dev);
       a.options = f.options;
       a.options.deterministic = deterministic;
       return a;
@@ -130,13 +141,15 @@ int main(int argc, char** argv) {
     int next = 0;
     const double median = bench::median_ms([&] { call(next++ % kSets); }, 0, iters);
     const double call_ms = bench::isolated_ms([&] { call(next++ % kSets); }, 0, iters);
-    const double flops = (backward ? 2.5 : 1.0) * 4.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen * r.hdim * (r.causal ? 0.5 : 1.0);
+    // 2 * (hdim + hdim_v) per (query, key) pair: S = Q K^T and O = P V.
+    const double flops = (backward ? 2.5 : 1.0) * 2.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen *
+                         (r.hdim + r.hdim_v) * (r.causal ? 0.5 : 1.0);
     const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
     std::printf(
         "{\"grid\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
-        "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
+        "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"hdim_v\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
         "\"tflops\": %.2f, \"tbps\": null, \"call_ms\": %.5f, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
-        backward ? "bwd" : "fwd", deterministic ? "tileattn-deterministic" : "tileattn", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads, r.hdim, r.causal ? "true" : "false",
+        backward ? "bwd" : "fwd", deterministic ? "tileattn-deterministic" : "tileattn", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads_kv, r.hdim, r.hdim_v, r.causal ? "true" : "false",
         median, flops / (median * 1e-3) / 1e12, call_ms,
         backward ? tileattn::workspace_size(bwd_args_for(0)) : tileattn::workspace_size(args_for(0)), lse_bytes,
         static_cast<long long>(free_before) - static_cast<long long>(free_after));

@@ -5,6 +5,14 @@ the same inputs' layout. A peer's backward is timed as torch.autograd.grad of it
 output; FLOPs of the backward are 2.5x the forward's.
 
     gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick] [--backward]
+                 [--sections mha,gqa,dv,fp16]
+
+Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
+grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
+192 for Q/K with 128 for V (16 heads); "fp16" the mha rows at head dim 128 in fp16. Every section
+has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on. Grouped peers run with
+enable_gqa=True; a peer that refuses it is timed on K and V expanded inside its graph (the record
+says "kv_expanded").
 
 With --backward the grid also times tileattn's deterministic mode (impl "tileattn-deterministic",
 its own column), the cost of bitwise-reproducible gradients.
@@ -28,16 +36,29 @@ SEQLENS = (512, 2048, 8192, 16384)
 SETS = 3  # input sets rotated between calls so that L2 never holds a call's inputs
 
 
-def grid(quick):
+SECTIONS = ("mha", "gqa", "dv", "fp16")
+
+
+def grid(quick, sections):
     seqlens = (512, 2048) if quick else SEQLENS
-    for d in HDIMS:
+    shapes = []  # (dtype, heads_q, heads_kv, hdim, hdim_v)
+    if "mha" in sections:
+        shapes += [("bf16", WIDTH // d, WIDTH // d, d, d) for d in HDIMS]
+    if "gqa" in sections:
+        shapes += [("bf16", 32, kv, d, d) for d in (64, 128) for kv in (8, 4)]
+    if "dv" in sections:
+        shapes += [("bf16", 16, 16, 192, 128)]
+    if "fp16" in sections:
+        shapes += [("f16", WIDTH // 128, WIDTH // 128, 128, 128)]
+    for dtype, hq, hkv, d, dv in shapes:
         for s in seqlens:
             for causal in (False, True):
-                yield dict(batch=TOKENS // s, seqlen=s, heads=WIDTH // d, hdim=d, causal=causal)
+                yield dict(dtype=dtype, batch=TOKENS // s, seqlen=s, heads=hq, heads_kv=hkv, hdim=d, hdim_v=dv,
+                           causal=causal)
 
 
 def flops(r, backward):
-    fwd = 4.0 * r["batch"] * r["heads"] * r["seqlen"] ** 2 * r["hdim"] * (0.5 if r["causal"] else 1.0)
+    fwd = 2.0 * r["batch"] * r["heads"] * r["seqlen"] ** 2 * (r["hdim"] + r["hdim_v"]) * (0.5 if r["causal"] else 1.0)
     return 2.5 * fwd if backward else fwd
 
 
@@ -57,33 +78,43 @@ def time_ms(fn, iters):
 
 
 def peer_rows(r, iters, backward):
-    shape = (r["batch"], r["seqlen"], r["heads"], r["hdim"])  # BSHD storage, as tileattn reads it
-    sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_(backward)
-             for _ in range(4)] for _ in range(SETS)]
+    b, s, hq, hkv = r["batch"], r["seqlen"], r["heads"], r["heads_kv"]
+    dtype = torch.float16 if r["dtype"] == "f16" else torch.bfloat16
+    # BSHD storage, as tileattn reads it, seen as SDPA's BHSD.
+    shapes = [(b, s, hq, r["hdim"]), (b, s, hkv, r["hdim"]), (b, s, hkv, r["hdim_v"]), (b, s, hq, r["hdim_v"])]
+    sets = [[torch.randn(sh, device="cuda", dtype=dtype).transpose(1, 2).requires_grad_(backward) for sh in shapes]
+            for _ in range(SETS)]
+    grouped = hkv != hq
     out = []
     for impl, backend in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
-        outs = []
-        if backward:
-            with sdpa_kernel(backend):
-                try:
-                    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"]) for q, k, v, _ in sets]
-                except RuntimeError as e:
-                    print(f"{impl} failed on {r}: {e}", file=sys.stderr)
-                    continue
+        for expand in ((False, True) if grouped else (False,)):
+            def attend(q, k, v):
+                if expand:  # inside the graph, so that the backward sums the group's gradients too
+                    k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"],
+                                                      enable_gqa=grouped and not expand)
+            outs = []
+            try:
+                if backward:
+                    with sdpa_kernel(backend):
+                        outs = [attend(q, k, v) for q, k, v, _ in sets]
 
-        def call(i):
-            q, k, v, do = sets[i % SETS]
-            if backward:
-                torch.autograd.grad(outs[i % SETS], (q, k, v), do, retain_graph=True)
-                return
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"])
-        try:
-            ms = time_ms(call, iters)
-        except RuntimeError as e:  # a backend that refuses the shape
-            print(f"{impl} failed on {r}: {e}", file=sys.stderr)
-            continue
-        out.append(record(r, impl, ms, backward))
+                def call(i):
+                    q, k, v, do = sets[i % SETS]
+                    if backward:
+                        torch.autograd.grad(outs[i % SETS], (q, k, v), do, retain_graph=True)
+                        return
+                    with sdpa_kernel(backend):
+                        attend(q, k, v)
+                ms = time_ms(call, iters)
+            except RuntimeError as e:  # a backend that refuses the shape
+                print(f"{impl}{' (K/V expanded)' if expand else ''} failed on {r}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            rec = record(r, impl, ms, backward)
+            if expand:
+                rec["kv_expanded"] = True
+            out.append(rec)
+            break
         del outs
     del sets
     torch.cuda.empty_cache()
@@ -91,9 +122,9 @@ def peer_rows(r, iters, backward):
 
 
 def record(r, impl, ms, backward):
-    return {"grid": "bwd" if backward else "fwd", "impl": impl, "dtype": "bf16", "batch": r["batch"],
-            "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"], "heads_kv": r["heads"],
-            "hdim": r["hdim"], "causal": r["causal"], "page_size": None, "ms": round(ms, 5),
+    return {"grid": "bwd" if backward else "fwd", "impl": impl, "dtype": r["dtype"], "batch": r["batch"],
+            "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"], "heads_kv": r["heads_kv"],
+            "hdim": r["hdim"], "hdim_v": r["hdim_v"], "causal": r["causal"], "page_size": None, "ms": round(ms, 5),
             "tflops": round(flops(r, backward) / (ms * 1e-3) / 1e12, 2), "tbps": None}
 
 
@@ -116,17 +147,23 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="seqlen 512 and 2048 only")
     ap.add_argument("--backward", action="store_true", help="the backward grid")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     args = ap.parse_args()
+    sections = args.sections.split(",")
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown:
+        ap.error(f"unknown sections {unknown}; known: {SECTIONS}")
 
-    rows = list(grid(args.quick))
-    specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}" for r in rows]
+    rows = list(grid(args.quick, sections))
+    specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}:{r['heads_kv']}:{r['hdim_v']}"
+             for r in rows]
     # Ours and the peers row by row, each row's implementations one after the other, so that all of
     # them meet the GPU in the same state (clocks, temperature) rather than ours first for the grid.
     modes = [["--backward"], ["--backward", "--deterministic"]] if args.backward else [[]]
     records = []
     for r, spec in zip(rows, specs):
         for mode in modes:
-            ours = subprocess.run([args.bench, "--iters", str(args.iters)] + mode + [spec], check=True,
+            ours = subprocess.run([args.bench, "--iters", str(args.iters), "--dtype", r["dtype"]] + mode + [spec], check=True,
                                   capture_output=True, text=True)
             records += [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
         records += peer_rows(r, args.iters, args.backward)
@@ -136,7 +173,8 @@ def main():
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 
-    key = lambda x: (x["hdim"], x["seqlen_q"], x["causal"])
+    key = lambda x: (x["dtype"], x["heads_q"], x["heads_kv"], x["hdim"], x.get("hdim_v", x["hdim"]), x["seqlen_q"],
+                     x["causal"])
     by = {}
     for x in records:
         by.setdefault(key(x), {})[x["impl"]] = x
@@ -146,8 +184,8 @@ def main():
     else:
         print("extra device memory per call: workspace 0 B, lse only (lse_bytes per row in the JSON)")
     det = " determ." if args.backward else ""
-    print(f"{'hdim':>4} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} {'cudnn':>8}{det} | TFLOP/s | "
-          f"{'vs flash':>8} {'vs best':>8}")
+    print(f"{'dtype':>5} {'heads':>5} {'hdim':>7} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} "
+          f"{'cudnn':>8}{det} | TFLOP/s | {'vs flash':>8} {'vs best':>8}{' det/ours' if args.backward else ''}")
     for k in sorted(by):
         row = by[k]
         t = row.get("tileattn", {}).get("ms")
@@ -158,8 +196,11 @@ def main():
         vs_flash = f"{fl / t:8.3f}" if t and fl else f"{'-':>8}"
         vs_best = f"{best / t:8.3f}" if t and best else f"{'-':>8}"
         det = " " + tf("tileattn-deterministic") if args.backward else ""
-        print(f"{k[0]:>4} {k[1]:>6} {str(k[2]):>6} | {tf('tileattn')} {tf('torch-flash')} {tf('torch-cudnn')}{det} |"
-              f"         | {vs_flash} {vs_best}")
+        hd = f"{k[3]}" if k[3] == k[4] else f"{k[3]}/{k[4]}"
+        dm = row.get("tileattn-deterministic", {}).get("ms")
+        det_vs = (f" {t / dm:8.3f}" if t and dm else f" {'-':>8}") if args.backward else ""
+        print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {str(k[6]):>6} | {tf('tileattn')} {tf('torch-flash')} "
+              f"{tf('torch-cudnn')}{det} |         | {vs_flash} {vs_best}{det_vs}")
 
 
 if __name__ == "__main__":
