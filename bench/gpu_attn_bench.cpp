@@ -80,16 +80,17 @@ int main(int argc, char** argv) {
   std::vector<void*> q(kSets), k(kSets), v(kSets), o(kSets), dout(kSets), dq(kSets), dk(kSets), dv(kSets);
   std::vector<std::vector<void*>*> roles{&q, &k, &v, &o};
   if (backward) roles.insert(roles.end(), {&dout, &dq, &dk, &dv});
-  for (auto* bufs : roles)
+  for (auto* bufs : roles) {
+    for (auto& h : host) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const float f = (static_cast<float>(x >> 40) / 16777216.f - 0.5f) * 3.4f;
+      h = dtype == tileattn::DType::bf16 ? tileattn::f32_to_bf16(f) : tileattn::f32_to_f16(f);
+    }
     for (int s = 0; s < kSets; ++s) {
-      for (auto& h : host) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        const float f = (static_cast<float>(x >> 40) / 16777216.f - 0.5f) * 3.4f;
-        h = dtype == tileattn::DType::bf16 ? tileattn::f32_to_bf16(f) : tileattn::f32_to_f16(f);
-      }
       check(cudaMalloc(&(*bufs)[s], max_elems * 2), "cudaMalloc");
       check(cudaMemcpy((*bufs)[s], host.data(), max_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
     }
+  }
   std::size_t max_rows = 0;
   for (const Row& r : rows) max_rows = std::max(max_rows, std::size_t(r.batch) * r.seqlen * r.heads);
   std::vector<void*> lse(kSets);

@@ -1,6 +1,7 @@
-// The cuda backend's backward entry point: D = rowsum(dO * O), the dK/dV kernel (with dQ by fp32
-// atomics, or by its own kernel in the deterministic mode), then dQ converted to the output dtype.
-// Scratch, all O(N): D per (head, query row) and, in the atomic mode, the fp32 dQ rows.
+// The cuda backend's backward entry point: D = rowsum(dO * O), the dK/dV kernel (adding dQ into
+// fp32 rows; in the deterministic mode in a fixed order on Hopper, by its own kernel elsewhere),
+// then dQ converted to the output dtype. Scratch, all O(N): D per (head, query row), the fp32 dQ
+// rows where dQ is summed, and the deterministic mode's turn counters per (head, query tile).
 #include <cuda_runtime.h>
 
 #include "core/backends.hpp"
@@ -16,10 +17,12 @@ struct BwdInstance {
   DType dtype;
   int hdim;
   void (*launch)(const BwdParams&, const BwdGrid&);
+  bool (*runs_sm90)(const BwdGrid&);
 };
 
 constexpr BwdInstance kInstances[] = {
-#define TA_INSTANCE(dtype, hdim) {DType::dtype, hdim, &launch_bwd<DType::dtype, hdim>},
+#define TA_INSTANCE(dtype, hdim) \
+  {DType::dtype, hdim, &launch_bwd<DType::dtype, hdim>, &bwd_runs_sm90<DType::dtype, hdim>},
 #include "instances.inc"
 #undef TA_INSTANCE
 };
@@ -39,16 +42,25 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
+BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, a.options.deterministic,
+          device_runs_sm90a(), static_cast<cudaStream_t>(a.options.stream)};
+}
+
 struct Scratch {
-  std::size_t dsum_bytes, dq_bytes;
-  std::size_t total() const { return dsum_bytes + dq_bytes; }
+  std::size_t dsum_bytes, dq_bytes, turn_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes; }
 };
 
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
-  const std::size_t rows = std::size_t(rows_total(p, a)) * p.heads_q;
+  const std::int64_t rows_all = rows_total(p, a);
+  const std::size_t rows = std::size_t(rows_all) * p.heads_q;
   const BwdInstance* in = find_instance(p.dtype, call_hdim(p));
   const std::size_t cols = in ? in->hdim : 0;
-  return {round_up(rows * sizeof(float)), a.options.deterministic ? 0 : round_up(rows * cols * sizeof(float))};
+  const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a, false));
+  const bool summed = !a.options.deterministic || ordered;
+  return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
+          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0};
 }
 
 }  // namespace
@@ -58,7 +70,10 @@ int backward_instance_hdim(DType dtype, int hdim) {
   return in ? in->hdim : 0;
 }
 
-std::size_t workspace_size(const Problem& p, const BackwardArgs& a) { return reported_bytes(scratch(p, a).total()); }
+std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
+  DeviceGuard device(a.q.device.index);  // the scratch depends on the kernels the call's device runs
+  return reported_bytes(scratch(p, a).total());
+}
 
 void backward(const Problem& pr, const BackwardArgs& a) {
   if (pr.batch == 0 || pr.heads_q == 0) return;
@@ -83,12 +98,12 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   const Scratch sc = scratch(pr, a);
   Workspace ws(a.options, sc.total(), stream);
   p.dsum = reinterpret_cast<float*>(ws.data());
-  p.dq_accum = a.options.deterministic ? nullptr : reinterpret_cast<float*>(ws.data() + sc.dsum_bytes);
+  p.dq_accum = sc.dq_bytes ? reinterpret_cast<float*>(ws.data() + sc.dsum_bytes) : nullptr;
+  p.dq_turns = sc.turn_bytes ? reinterpret_cast<int*>(ws.data() + sc.dsum_bytes + sc.dq_bytes) : nullptr;
+  if (p.dq_turns) check(cudaMemsetAsync(p.dq_turns, 0, sc.turn_bytes, stream), "cudaMemsetAsync (dQ turns)");
 
   launch_bwd_dsum(pr.dtype, p, stream);
-  const BwdGrid g{pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k,
-                  pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f), a.options.deterministic,
-                  device_runs_sm90a(), stream};
+  const BwdGrid g = grid(pr, a, pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f));
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
 }

@@ -464,19 +464,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
       Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
       clear(acc_dq);
       tile_dq<T>(acc_dq, sdSt, sK, 0, tid);
-      // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base
-      // plus a constant.
-      float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
-      auto tq = mma_q.get_thread_slice(tid);
-      Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
-      if (m0 + kBlockM <= s.sq) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
-      } else {
-        Tensor cQ = tq.partition_C(make_identity_tensor(TileQ{}));
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2)
-          if (get<0>(cQ(i)) < s.sq - m0) add_pair(&gdq(i), acc_dq(i), acc_dq(i + 1));
+      const std::int64_t row0 = h * p.rows_total + s.row_base + m0;
+      float* dq = p.dq_accum + row0 * kHeadDim;
+      Tensor cQ = mma_q.get_thread_slice(tid).partition_C(make_identity_tensor(TileQ{}));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) {
+        const int row = get<0>(cQ(i)), col = get<1>(cQ(i));
+        if (row < s.sq - m0) add_pair(dq + row * kHeadDim + dq_column(row0 + row, col), acc_dq(i), acc_dq(i + 1));
       }
     }
     h = h_next;

@@ -4,7 +4,10 @@
 // stream by (Q, dO, LSE, D double buffered):
 //   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
 //   is still in flight), dV += P^T dO, dK += dS^T Q, and dQ += dS K with dS^T through shared
-//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows with 16-byte atomics.
+//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows: staged in shared
+//   memory and added by one bulk reduction per tile up to head dim 128, by 16-byte atomics beyond.
+// The deterministic mode (up to head dim 128) orders each query tile's bulk additions by key block
+// through a turnstile per (head, query tile), so the sums come out the same on every run.
 // Up to head dim 128 each warpgroup owns 64 keys and multiplies P^T and dS^T straight from its
 // registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so two warpgroups
 // share 64 keys: they split S^T's query columns and dK's, dV's head dim, and exchange P^T and dS^T
@@ -16,6 +19,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "cuda/bulk_reduce.cuh"
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/cute_utils.cuh"
 
@@ -73,17 +77,25 @@ struct BwdTraitsSm90 {
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
   static constexpr int kTilesP = kSplitD ? 2 : 1;
-  // K, V; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D).
-  static constexpr int kSmemBytes =
-      (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element)) + 2 * 2 * kBlockM * int(sizeof(float));
+  // dQ staged for bulk reductions where two fp32 tiles fit beside the rest (up to head dim 128).
+  static constexpr bool kBulkDq = !kSplitD;
+  static constexpr int kRowsBytes = 2 * 2 * kBlockM * int(sizeof(float));
+  static constexpr int kOffsetRows = (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element));
+  static constexpr int kOffsetDq = kOffsetRows + kRowsBytes;
+  static constexpr int kDqTile = kBlockM * kHeadDim;
+  // K, V; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
+  static constexpr int kSmemBytes = kOffsetDq + (kBulkDq ? 2 * kDqTile * int(sizeof(float)) : 0);
+  static_assert(!kBulkDq || kBlockM == kDqTurnRows, "the deterministic turns count 64-row query tiles");
 };
 
-// Adds a wgmma accumulator tile (M x N, fp32) into rows of global memory with 16-byte reductions,
-// half as many as 8-byte ones: a thread holds column pairs (2q, 2q+1) of each 8-column group, so
-// lanes q = 2j, 2j+1 trade pairs and each adds 4 adjacent columns, of the even group or the odd
-// one. Rows at or past rows_left are skipped (every lane still takes part in the trades).
-template <class Acc, class G, class C>
-__device__ __forceinline__ void add_acc_quads(const Acc& acc, const G& g, const C& coord, int rows_left) {
+// Adds a wgmma accumulator tile (M x N, fp32) into the dQ rows from row0 on (dq: row0's first
+// column; columns placed by dq_column) with 16-byte reductions, half as many as 8-byte ones: a
+// thread holds column pairs (2q, 2q+1) of each 8-column group, so lanes q = 2j, 2j+1 trade pairs
+// and each adds 4 adjacent columns, of the even group or the odd one. Rows at or past rows_left are
+// skipped (every lane still takes part in the trades).
+template <int kCols, class Acc, class C>
+__device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::int64_t row0, const C& coord,
+                                              int rows_left) {
   const bool odd = threadIdx.x & 1;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(acc); ++m) {
@@ -101,16 +113,18 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, const G& g, const 
           const float sx = __shfl_xor_sync(0xffffffffu, odd ? e0 : o0, 1);
           const float sy = __shfl_xor_sync(0xffffffffu, odd ? e1 : o1, 1);
           const float4 v = odd ? make_float4(sx, sy, o0, o1) : make_float4(e0, e1, sx, sy);
-          if (get<0>(coord(at(0, mine))) < rows_left)
-            atomicAdd(reinterpret_cast<float4*>(&g(at(0, mine)) - (odd ? 2 : 0)), v);
+          const int row = get<0>(coord(at(0, mine))), col = get<1>(coord(at(0, mine))) - (odd ? 2 : 0);
+          if (row < rows_left)
+            atomicAdd(reinterpret_cast<float4*>(dq + row * kCols + dq_column(row0 + row, col)), v);
         }
       }
     }
   }
 }
 
-template <class T, bool kMods>
+template <class T, bool kMods, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
+  static_assert(!kDeterministic || T::kBulkDq);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
@@ -139,7 +153,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
-  float* rows_base = reinterpret_cast<float*>(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTilesP * T::kTileP);
+  float* rows_base = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetRows);
+  float* sdq_base = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetDq);  // where kBulkDq
   auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
   auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
 
@@ -186,6 +201,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   Tensor sPt_st = st_ds_thr.partition_D(sPt);
 
   const int m_end = (m_lo + tiles) * kBlockM;
+  int* passing = nullptr;  // deterministic mode, thread 0: the turn whose bulk addition is in flight
   for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
     const int st = t & 1;
     const bool head_done = m0 + kBlockM == m_end;
@@ -202,6 +218,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
 
     gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
     gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
+    // The last tile's dQ turn passes here, while this tile's first products run: its bulk addition
+    // has had time to land, and the next key block's wait for it stays short.
+    if (kDeterministic && tid == 0 && passing != nullptr) turn_pass(passing);
     TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
     Tensor dsc = make_tensor<float>(shape(s_rc));
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
@@ -232,11 +251,39 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
     warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
     warpgroup_fence_operand(rdSt);
 
-    // Rows of dq_accum are kHeadDim floats apart, so each add's address is the thread's base plus
-    // a constant.
-    float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * kHeadDim;
-    Tensor gdq = tq.partition_C(make_tensor(make_gmem_ptr(dq), TileQ{}, Stride<Int<kHeadDim>, _1>{}));
-    add_acc_quads(acc_dq, gdq, tq.partition_C(make_identity_tensor(TileQ{})), s.sq - m0);
+    const std::int64_t dq_row0 = h * p.rows_total + s.row_base + m0;
+    float* dq = p.dq_accum + dq_row0 * kHeadDim;
+    Tensor cdq = tq.partition_C(make_identity_tensor(TileQ{}));
+    if constexpr (T::kBulkDq) {
+      // Tiles alternate between two buffers: the one written here was last read by the bulk
+      // reduction two tiles ago, which thread 0 waited for before this tile's first barrier.
+      float* sdq = sdq_base + (t & 1) * T::kDqTile;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) {
+        const int row = get<0>(cdq(i)), col = get<1>(cdq(i));
+        *reinterpret_cast<float2*>(sdq + row * kHeadDim + dq_column(dq_row0 + row, col)) =
+            make_float2(acc_dq(i), acc_dq(i + 1));
+      }
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // the tile's dQ is staged
+      if (tid == 0) {
+        const int bytes = min(kBlockM, s.sq - m0) * kHeadDim * int(sizeof(float));
+        if constexpr (kDeterministic) {
+          // Key blocks add a query tile's dQ in their order: every block from the first that sees
+          // this tile up to this one.
+          passing = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
+          turn_wait(passing, n_block - mask.block_key_begin(m0) / kBlockN);
+          bulk_reduce_add_f32(dq, sdq, bytes);
+          bulk_commit();
+        } else {
+          bulk_reduce_add_f32(dq, sdq, bytes);
+          bulk_commit();
+          bulk_wait_read<1>();
+        }
+      }
+    } else {
+      add_acc_quads<kHeadDim>(acc_dq, dq, dq_row0, cdq, s.sq - m0);
+    }
     h = h_next;
     m0 = m0_next;
   }
@@ -244,6 +291,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
   // no iteration: its K and V copies may still be in flight.
   cp_async_wait<0>();
+  if (T::kBulkDq && tid == 0) {
+    if (kDeterministic && passing != nullptr)
+      turn_pass(passing);
+    else
+      bulk_wait_all();
+  }
   __syncthreads();
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;

@@ -25,14 +25,27 @@ template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64,
 template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
 template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
 
-// Hopper, atomic dQ mode: 64-row query tiles; 128-key tiles (64 keys per warpgroup) up to head
-// dim 128 as FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond.
-// Head dims 96 and 192 (whose halves are not whole 64-column swizzle atoms for the transposed
-// operands) and the deterministic mode run the portable kernels.
+// Hopper: 64-row query tiles; 128-key tiles (64 keys per warpgroup) up to head dim 128 as
+// FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond. Head dims 96
+// and 192 (whose halves are not whole 64-column swizzle atoms for the transposed operands), and the
+// deterministic mode beyond head dim 128, run the portable kernels.
 template <class E, int D> struct BwdConfigSm90 { using type = void; };
 template <class E> struct BwdConfigSm90<E, 64> { using type = BwdTraitsSm90<E, 64, 64, 128>; };
 template <class E> struct BwdConfigSm90<E, 128> { using type = BwdTraitsSm90<E, 128, 64, 128>; };
 template <class E> struct BwdConfigSm90<E, 256> { using type = BwdTraitsSm90<E, 256, 64, 64>; };
+
+// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
+template <DType kDtype, int kHeadDim>
+bool bwd_runs_sm90(const BwdGrid& g) {
+#ifdef TILEATTN_CUDA_SM90A
+  using H = typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  if constexpr (!std::is_void_v<H>) {
+    if constexpr (H::kBulkDq) return g.sm90a;
+    return g.sm90a && !g.deterministic;
+  }
+#endif
+  return false;
+}
 
 template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
@@ -66,10 +79,14 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
-    if (g.sm90a && !g.deterministic) {
+    if (bwd_runs_sm90<kDtype, kHeadDim>(g)) {
       const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
-      launch_kernel(g.mods ? bwd_dkdv_kernel_sm90<H, true> : bwd_dkdv_kernel_sm90<H, false>, grid, H::kThreads,
-                    H::kSmemBytes, g.stream, p, "launching the backward dK/dV kernel");
+      auto kernel = g.mods ? bwd_dkdv_kernel_sm90<H, true, false> : bwd_dkdv_kernel_sm90<H, false, false>;
+      if constexpr (H::kBulkDq) {
+        if (g.deterministic)
+          kernel = g.mods ? bwd_dkdv_kernel_sm90<H, true, true> : bwd_dkdv_kernel_sm90<H, false, true>;
+      }
+      launch_kernel(kernel, grid, H::kThreads, H::kSmemBytes, g.stream, p, "launching the backward dK/dV kernel");
       return;
     }
   }

@@ -13,7 +13,7 @@ namespace tileattn::cuda {
 struct BwdGrid {
   int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k;
   bool mods;           // softcap, ALiBi, dropout or a non-positive scale
-  bool deterministic;  // dQ from its own kernel rather than atomics
+  bool deterministic;  // bitwise-reproducible gradients
   bool sm90a;          // run the Hopper kernel (where built)
   cudaStream_t stream;
 };
@@ -21,6 +21,11 @@ struct BwdGrid {
 // Launches the dK/dV kernel and, in the deterministic mode, the dQ kernel.
 template <DType kDtype, int kHeadDim>
 void launch_bwd(const BwdParams& p, const BwdGrid& g);
+
+// Whether the call runs the Hopper kernel (in the deterministic mode: whether dQ is summed in
+// order in fp32 rows rather than by its own kernel).
+template <DType kDtype, int kHeadDim>
+bool bwd_runs_sm90(const BwdGrid& g);
 
 // The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
 int backward_instance_hdim(DType dtype, int hdim);

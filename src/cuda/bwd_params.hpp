@@ -20,11 +20,30 @@ struct BwdParams {
   // Scratch indexed by (query head, row of the whole batch): a row's index is b * seqlen_q + i
   // (batched) or cu_seqlens_q[b] + i (varlen), out of rows_total.
   float* dsum;      // [heads_q][rows_total]: D = rowsum(dO * O)
-  float* dq_accum;  // [heads_q][rows_total][dq_cols]: dQ summed over key blocks (atomic mode)
+  float* dq_accum;  // [heads_q][rows_total][dq_cols]: dQ summed over key blocks, columns as dq_column
+  // Deterministic mode on Hopper: per (head, query tile), how many key blocks have added their dQ
+  // (dq_turn_index); each block adds after every block before it.
+  int* dq_turns;
   std::int64_t rows_total;
   int dq_cols;      // the kernel's head dim
   int batch;
 };
+
+// The fp32 dQ rows keep each row's 4-column chunks permuted by the row's index (chunk ^ 2 * (row % 4)):
+// a warp's accumulator pairs (8 rows x 4 lanes, adjacent columns) then fall in distinct shared-memory
+// banks when the Hopper kernel stages a tile for one bulk reduction, and the whole tile keeps rows
+// contiguous. Every writer and the conversion go through this one map; dq_cols >= 32.
+TA_HD int dq_column(std::int64_t row, int col) { return (((col >> 2) ^ (int(row & 3) << 1)) << 2) | (col & 3); }
+
+// The query tiles the deterministic mode orders its dQ adds by: 64 rows of one sequence.
+inline constexpr int kDqTurnRows = 64;
+// Distinct for every (head, sequence, tile) even where sequences start mid-tile (varlen).
+TA_HD std::int64_t dq_turn_index(const BwdParams& p, int h, std::int64_t row_base, int b, int m0) {
+  return std::int64_t(h) * (p.rows_total / kDqTurnRows + p.batch + 1) + (row_base + m0) / kDqTurnRows + b;
+}
+TA_HD std::int64_t dq_turn_count(std::int64_t rows_total, int heads_q, int batch) {
+  return std::int64_t(heads_q) * (rows_total / kDqTurnRows + batch + 1);
+}
 
 // The kernels leave the softmax scale out of dS (unless a softcap's derivative carries it) and
 // apply this factor once, to dK and dQ.
