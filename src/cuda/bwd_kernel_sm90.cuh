@@ -125,12 +125,19 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
 template <class T, bool kMods, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
   static_assert(!kDeterministic || T::kBulkDq);
+  // Without dropout P^T is final once formed, so dV's product starts while dP^T finishes and dS^T
+  // forms (dropout scales P^T together with dS^T).
+  constexpr bool kEarlyDv = !T::kSplitD && !kMods;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
   const FwdParams& f = p.fwd;
-  const int n_block = blockIdx.x, b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
+  // The deterministic mode runs key blocks last to first: each query tile's dQ is added in that
+  // order, so a block only waits for blocks that started before it (no wait on one that has no SM
+  // yet), and under a causal mask for blocks that reached the tile earlier (they start lower).
+  const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -223,13 +230,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
     if (kDeterministic && tid == 0 && passing != nullptr) turn_pass(passing);
     TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
     Tensor dsc = make_tensor<float>(shape(s_rc));
+    Tensor rPt = make_tensor<Element>(acc_s.layout());
+    Tensor rdSt = make_tensor<Element>(acc_dp.layout());
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
     scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, cols);
-    warpgroup_wait<0>();
+    if constexpr (kEarlyDv) {
+      rPt = convert<Element>(acc_s);
+      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      warpgroup_wait<1>();  // dP^T is done; dV runs on
+    } else {
+      warpgroup_wait<0>();
+    }
     dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, cols);
 
-    Tensor rPt = convert<Element>(acc_s);
-    Tensor rdSt = convert<Element>(acc_dp);
+    if constexpr (!kEarlyDv) rPt = convert<Element>(acc_s);
+    rdSt = convert<Element>(acc_dp);
     if constexpr (T::kSplitD) {
       copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
       copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
@@ -238,7 +253,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
       gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
     } else {
-      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      if constexpr (!kEarlyDv)
+        gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
       copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
       cutlass::arch::fence_view_async_shared();
@@ -269,10 +285,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
       if (tid == 0) {
         const int bytes = min(kBlockM, s.sq - m0) * kHeadDim * int(sizeof(float));
         if constexpr (kDeterministic) {
-          // Key blocks add a query tile's dQ in their order: every block from the first that sees
-          // this tile up to this one.
+          // Every later key block that sees this tile adds first: those up to the tile's last key.
           passing = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-          turn_wait(passing, n_block - mask.block_key_begin(m0) / kBlockN);
+          turn_wait(passing, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / kBlockN - n_block);
           bulk_reduce_add_f32(dq, sdq, bytes);
           bulk_commit();
         } else {
