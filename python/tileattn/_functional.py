@@ -6,7 +6,7 @@ raises tileattn.Error with the core's message; output shapes are only guessed he
 allocate, and a call whose shapes make no sense gets no lse so the core reports q itself.
 """
 
-from . import _C
+from . import _C, _log
 from ._arrays import current_stream, empty, native, on_cuda
 
 _BACKENDS = {
@@ -35,13 +35,11 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
         num_splits=num_splits, check_device_indices=check_device_indices, stream=current_stream(like))
 
 
-def _workspace(like, size_fn, *args, **kwargs):
+def _scratch(like):
     # On a GPU the library's scratch comes from the caller's allocator (PyTorch's caching
     # allocator, CuPy's pool): no cudaMalloc inside a call, so calls can be captured in CUDA graphs.
-    if not on_cuda(like):
-        return None
-    nbytes = size_fn(*args, **kwargs)
-    return empty(like, (nbytes,), "uint8") if nbytes > 0 else None
+    # The native call allocates it once it knows the size: one conversion of the arguments, not two.
+    return (lambda n: empty(like, (n,), "uint8")) if on_cuda(like) else None
 
 
 def _native(*args):
@@ -69,8 +67,9 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, ma
     shape = _lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None)
     lse = empty(q, shape, "float32") if shape is not None else None
     args = _native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o)
-    ws = _workspace(q, _C.forward_workspace_size, *args)
-    _C.forward(*args, workspace=ws)
+    _C.forward(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("forward", q, k, cu_seqlens_q is not None, o)
     return out, lse
 
 
@@ -82,8 +81,9 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     dq, dk, dv = empty(q, q.shape), empty(k, k.shape), empty(v, v.shape)
     args = _native(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             alibi_slopes, o)
-    ws = _workspace(q, _C.backward_workspace_size, *args)
-    _C.backward(*args, workspace=ws)
+    _C.backward(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("backward", q, k, cu_seqlens_q is not None, o)
     return dq, dk, dv
 
 
@@ -98,9 +98,9 @@ def decode(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, p
     lse = empty(q, (q.shape[0], q.shape[2], q.shape[1]), "float32") if q.ndim == 4 else None
     args = _native(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
             rotary_interleaved, alibi_slopes, o)
-    # The scratch is allocated from inside the call, once it knows the size: one conversion of the
-    # arguments instead of two (see _workspace).
-    _C.decode(*args, workspace=(lambda n: empty(q, (n,), "uint8")) if on_cuda(q) else None)
+    _C.decode(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("decode", q, k_cache, page_table is not None, o)
     return out, lse
 
 
