@@ -4,12 +4,16 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <string>
 #include <optional>
 #include <vector>
 
+#include <hwy/targets.h>
+
+#include "cpu/amx.hpp"
 #include "tileattn/tileattn.hpp"
 #include "views.hpp"
 
@@ -313,6 +317,40 @@ void bind_runtime(nb::module_& m) {
       });
   m.def("memory_stats", &tileattn::memory_stats, "Host memory the library itself holds and its peak.");
   m.def("reset_peak_memory", &tileattn::reset_peak_memory);
+  m.def(
+      "build_info",
+      [] {
+        nb::dict d;
+        d["version"] = TILEATTN_VERSION;
+#ifdef TILEATTN_BUILT_CUDA
+        auto split = [](std::string s) {
+          std::vector<std::string> out;
+          for (std::size_t i = 0; i <= s.size();) {
+            const std::size_t j = std::min(s.find(';', i), s.size());
+            if (j > i) out.push_back(s.substr(i, j - i));
+            i = j + 1;
+          }
+          return out;
+        };
+        d["cuda"] = true;
+        d["cuda_architectures"] = split(TILEATTN_BUILT_CUDA_ARCHS);
+        d["cuda_dtypes"] = split(TILEATTN_BUILT_CUDA_DTYPES);
+        d["cuda_head_dims"] = split(TILEATTN_BUILT_CUDA_HDIMS);
+#else
+        d["cuda"] = false;
+        d["cuda_architectures"] = std::vector<std::string>{};
+        d["cuda_dtypes"] = std::vector<std::string>{};
+        d["cuda_head_dims"] = std::vector<std::string>{};
+#endif
+        // The best SIMD target Highway dispatches to on this CPU among those compiled in.
+        const std::int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
+        d["cpu_simd"] = hwy::TargetName(usable & -usable);
+        d["cpu_amx"] = tileattn::cpu::amx::available();
+        d["cpu_threads"] = tileattn::num_threads();
+        return d;
+      },
+      "What this build holds and what it uses here: version, CUDA (built, architectures, kernel dtypes "
+      "and head dims), the CPU's SIMD target, AMX, CPU threads.");
   m.def("set_num_threads", &tileattn::set_num_threads, "n"_a, "CPU threads; 0 = hardware concurrency.");
   m.def("num_threads", &tileattn::num_threads);
 }
