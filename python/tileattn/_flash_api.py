@@ -17,27 +17,51 @@ from . import _C, _adapt, _checks, _config, _functional, _log
 from ._arrays import contiguous_last, full_int32, is_torch
 
 
+def _plain_torch(q, k, v):
+    t = type(q)
+    return t is type(k) and t is type(v) and t.__name__ == "Tensor" and t.__module__ == "torch"
+
+
 def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
             causal, window_size, softcap, alibi_slopes, deterministic, top_left=False, heads_first=False):
-    _checks.array(fn, "q", q), _checks.array(fn, "k", k), _checks.array(fn, "v", v)
-    window_left, window_right = _checks.window(fn, window_size, causal)
-    scale = _checks.scale(fn, softmax_scale)
-    max_seqlen_q = _checks.integer(fn, "max_seqlen_q", max_seqlen_q, 0)
-    max_seqlen_k = _checks.integer(fn, "max_seqlen_k", max_seqlen_k, 0)
-    softcap, dropout_p = _checks.number(fn, "softcap", softcap), _checks.number(fn, "dropout_p", dropout_p)
-    causal, deterministic = bool(causal), bool(deterministic)
+    # The common case (plain tensors, default window, int lengths) is checked with a few identity
+    # tests: this is the per-call host time that small models and decode loops pay.
+    torch_call = _plain_torch(q, k, v)
+    if not torch_call:
+        _checks.array(fn, "q", q), _checks.array(fn, "k", k), _checks.array(fn, "v", v)
+        torch_call = is_torch(q)
+    if window_size == (-1, -1):
+        window_left = window_right = -1
+    else:
+        window_left, window_right = _checks.window(fn, window_size, causal)
+    scale = None if softmax_scale is None else _checks.number(fn, "softmax_scale", softmax_scale)
+    if type(max_seqlen_q) is not int or not 0 <= max_seqlen_q <= _checks.INT_MAX:
+        max_seqlen_q = _checks.integer(fn, "max_seqlen_q", max_seqlen_q, 0)
+    if type(max_seqlen_k) is not int or not 0 <= max_seqlen_k <= _checks.INT_MAX:
+        max_seqlen_k = _checks.integer(fn, "max_seqlen_k", max_seqlen_k, 0)
+    if type(softcap) is not float:
+        softcap = _checks.number(fn, "softcap", softcap)
+    if type(dropout_p) is not float:
+        dropout_p = _checks.number(fn, "dropout_p", dropout_p)
+    causal, deterministic = causal is True or bool(causal), deterministic is True or bool(deterministic)
     dv = v.shape[-1]
     if q.shape[-1] % 8 or dv % 8:
         q, k, v, real_dim = _adapt.pad_heads(fn, q, k, v)
         if scale is None:
             scale = real_dim ** -0.5
-    q, k, v = contiguous_last(q), contiguous_last(k), contiguous_last(v)
-    if is_torch(q):
-        from . import _torch_ops
-        out, lse = _torch_ops.attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                     scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-                                     deterministic, _config.backend, heads_first)
+    if torch_call:
+        # flash_attn's convention: a strided last dimension is copied.
+        if q.stride(-1) != 1:
+            q = contiguous_last(q)
+        if k.stride(-1) != 1:
+            k = contiguous_last(k)
+        if v.stride(-1) != 1:
+            v = contiguous_last(v)
+        out, lse = _torch_ops().attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                                       scale, causal, top_left, window_left, window_right, softcap, dropout_p,
+                                       deterministic, _config.backend, heads_first)
     else:
+        q, k, v = contiguous_last(q), contiguous_last(k), contiguous_last(v)
         seed = int(np.random.randint(0, 2**62, dtype=np.int64)) if dropout_p > 0 else 0
         out, lse = _functional.forward(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -47,6 +71,12 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     if out.shape[-1] != dv:
         out = out[..., :dv]
     return out, lse
+
+
+def _torch_ops():
+    """tileattn._torch_ops, imported at the first PyTorch call (importing torch slows NumPy users)."""
+    from . import _torch_ops as ops
+    return ops
 
 
 def _result(out, lse, return_attn_probs):
@@ -220,8 +250,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     try:
         if is_torch(q):
-            from . import _torch_ops
-            out, lse = _torch_ops.decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
+            out, lse = _torch_ops().decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
                                          rotary_sin, bool(rotary_interleaved), alibi_slopes, scale, causal,
                                          window_left, window_right, softcap, num_splits, bool(check_device_indices),
                                          _config.backend)

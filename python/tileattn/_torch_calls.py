@@ -21,23 +21,22 @@ _BACKENDS = {
     "cuda": _C.Backend.cuda,
 }
 _BOTTOM_RIGHT, _TOP_LEFT = _C.MaskAlign.bottom_right, _C.MaskAlign.top_left
-_U8 = torch.uint8
+_U8, _F32 = torch.uint8, torch.float32
 
 # Options objects by their values. Immutable once cached: a call that needs a per-call value (a
 # dropout seed) builds its own, so threads sharing an entry never see each other's values.
 _options = {}
 
 
-def _stream(device):
-    if device.type != "cuda":
+def _stream(x):
+    if not x.is_cuda:
         return 0
-    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
-                                              torch.cuda.current_device())
+    return torch._C._cuda_getCurrentRawStream(x.get_device())
 
 
-def options(device, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
+def options(like, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
             deterministic, backend, num_splits=0, check_device_indices=True):
-    stream = _stream(device)
+    stream = _stream(like)
     key = (scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend,
            num_splits, check_device_indices, stream)
     if seed == 0 and offset == 0:
@@ -58,12 +57,12 @@ def options(device, scale, causal, top_left, window_left, window_right, softcap,
     return o
 
 
-def _scratch(device):
+def _scratch(like):
     # On a GPU the library's scratch comes from PyTorch's caching allocator: no cudaMalloc inside a
     # call, so calls can be captured in CUDA graphs. The CPU backends use their own.
-    if device.type != "cuda":
+    if not like.is_cuda:
         return None
-    return lambda n: torch.empty(n, dtype=_U8, device=device)
+    return lambda n: like.new_empty(n, dtype=_U8)
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
@@ -71,14 +70,14 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
             heads_first=False):
     """(out, lse). heads_first: out is a [batch, seq, heads, d] view of [batch, heads, seq, d] memory
     (what scaled_dot_product_attention returns), written in place by the kernel: no copy."""
-    o = options(q.device, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
+    o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
                 deterministic, backend)
     out = empty_out(q, v, heads_first)
     varlen = cu_seqlens_q is not None
     shape = lse_shape(q, varlen)
-    lse = torch.empty(shape, dtype=torch.float32, device=q.device) if shape is not None else None
+    lse = q.new_empty(shape, dtype=_F32) if shape is not None else None
     _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o,
-               _scratch(q.device))
+               _scratch(q))
     if _log.enabled:
         _log.call("forward", q, k, varlen, o)
     return out, lse
@@ -86,11 +85,11 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
 
 def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale,
              causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset, deterministic, backend):
-    o = options(q.device, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
+    o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
                 deterministic, backend)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     _C.backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                alibi_slopes, o, _scratch(q.device))
+                alibi_slopes, o, _scratch(q))
     if _log.enabled:
         _log.call("backward", q, k, cu_seqlens_q is not None, o)
     return dq, dk, dv
@@ -98,24 +97,23 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
            alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
-    o = options(q.device, scale, causal, False, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
+    o = options(q, scale, causal, False, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                 num_splits, check_device_indices)
     out = empty_out(q, v_cache, False)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
-        if q.ndim == 4 else None
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if q.ndim == 4 else None
     _C.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
-              rotary_interleaved, alibi_slopes, o, _scratch(q.device))
+              rotary_interleaved, alibi_slopes, o, _scratch(q))
     if _log.enabled:
         _log.call("decode", q, k_cache, page_table is not None, o)
     return out, lse
 
 
 def empty_out(q, v, heads_first):
-    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    shape = q.shape[:-1] + v.shape[-1:]
     if heads_first and q.ndim == 4:
         b, s, h, d = shape
-        return torch.empty((b, h, s, d), dtype=q.dtype, device=q.device).transpose(1, 2)
-    return torch.empty(shape, dtype=q.dtype, device=q.device)
+        return q.new_empty((b, h, s, d)).transpose(1, 2)
+    return q.new_empty(shape)
 
 
 def lse_shape(q, varlen):
