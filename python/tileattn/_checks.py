@@ -16,7 +16,10 @@ def array(fn, name, x, optional=False):
     """x itself when it is a NumPy, PyTorch or CuPy array (or None where optional)."""
     if x is None and optional:
         return x
-    if type(x).__module__.partition(".")[0] not in _ARRAY_LIBRARIES or not hasattr(x, "shape"):
+    module = type(x).__module__
+    if module in _ARRAY_LIBRARIES:  # torch.Tensor, numpy.ndarray, cupy.ndarray: the common case, quickly
+        return x
+    if module.partition(".")[0] not in _ARRAY_LIBRARIES or not hasattr(x, "shape"):
         raise TypeError(f"tileattn.{fn}: {name} is a {type(x).__module__}.{type(x).__qualname__}; expected a "
                         "NumPy, PyTorch or CuPy array")
     return x
@@ -25,6 +28,8 @@ def array(fn, name, x, optional=False):
 def integer(fn, name, value, lo=INT_MIN, hi=INT_MAX):
     """value as a Python int in [lo, hi]. Python and NumPy integers (and 0-d integer tensors) pass;
     floats and bools do not, even when whole."""
+    if type(value) is int and lo <= value <= hi:
+        return value
     if type(value).__name__ == "SymInt":  # a traced length under torch.compile: checked when it runs
         return value
     if isinstance(value, (bool, float)):
@@ -39,6 +44,8 @@ def integer(fn, name, value, lo=INT_MIN, hi=INT_MAX):
 
 
 def number(fn, name, value):
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise TypeError(f"tileattn.{fn}: {name} = {value!r} is a {type(value).__name__}, expected a number")
     return float(value)

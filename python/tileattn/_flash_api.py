@@ -189,8 +189,10 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if getattr(getattr(cache, "flags", None), "writeable", True) is False:
                 raise _C.Error(f"tileattn.{fn}: {name} is read-only, but k/v are appended to it")
-    q, k, v = (contiguous_last(x) for x in (q, k, v))
-    if is_torch(q) and q.is_cuda:
+    torch_call = is_torch(q)
+    if not torch_call or q.stride(-1) != 1 or k is not None:
+        q, k, v = (contiguous_last(x) for x in (q, k, v))
+    if torch_call and q.is_cuda:
         # The GPU kernels load 16 bytes at a time: a query, new keys or values (small) whose strides
         # are not multiples of 8 elements are copied rather than refused.
         q, k, v = (_aligned(x) for x in (q, k, v))
@@ -212,7 +214,9 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     # Head dims that are not multiples of 8: padded copies, appended rows copied back after the call.
     dqk, dv = q.shape[-1], v_cache.shape[-1]
-    pqk, pv = _adapt.padded_dim(fn, "q", dqk), _adapt.padded_dim(fn, "v_cache", dv)
+    pqk, pv = dqk, dv
+    if dqk % 8 or dv % 8 or dqk > _adapt.HDIM_MAX:
+        pqk, pv = _adapt.padded_dim(fn, "q", dqk), _adapt.padded_dim(fn, "v_cache", dv)
     caches = (k_cache, v_cache)
     if (pqk, pv) != (dqk, dv):
         _log.note(f"head dims {dqk}/{dv} padded to {pqk}/{pv} (cache copied)")
@@ -249,7 +253,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             rotary_cos, rotary_sin = _adapt.extend_rows(rotary_cos, need), _adapt.extend_rows(rotary_sin, need)
 
     try:
-        if is_torch(q):
+        if torch_call:
             out, lse = _torch_ops().decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
                                          rotary_sin, bool(rotary_interleaved), alibi_slopes, scale, causal,
                                          window_left, window_right, softcap, num_splits, bool(check_device_indices),

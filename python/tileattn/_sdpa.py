@@ -13,7 +13,7 @@ names attn_mask: the library builds its masks from structure, never from an N x 
 
 from . import _C, _checks
 from ._arrays import is_torch
-from ._flash_api import _attend
+from ._flash_api import _attend, _plain_torch
 
 _FN = "scaled_dot_product_attention"
 
@@ -29,6 +29,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """query [..., heads_q, seq_q, d], key/value [..., heads_kv, seq_k, d] -> [..., heads_q, seq_q, d_v],
     contiguous. is_causal aligns to the top-left corner (PyTorch's convention: query i sees keys j <= i).
     heads_kv < heads_q needs enable_gqa=True. attn_mask: see the module's notes."""
+    if attn_mask is None and _plain_torch(query, key, value) and query.ndim == 4 and key.ndim == 4 and \
+            value.ndim == 4 and (enable_gqa or key.shape[1] == query.shape[1]):
+        # The common call, with no more checks than the core's.
+        out, _ = _attend(_FN, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, 0, 0,
+                         dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, heads_first=True)
+        return out.transpose(1, 2)
     for name, x in (("query", query), ("key", key), ("value", value)):
         _checks.array(_FN, name, x)
         if x.ndim < 3:
