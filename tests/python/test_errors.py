@@ -207,8 +207,14 @@ def test_python_layer_checks():
         tileattn.scaled_dot_product_attention(t(4, 16), t(4, 16), t(4, 16))
     with pytest.raises(ValueError, match="backend = 'gpu'"):
         tileattn.forward(q, q, q, backend="gpu")
-    with pytest.raises(TypeError, match="arrays are not supported here"):
+    with pytest.raises(TypeError, match="tileattn.forward: q is a builtins.list; expected a NumPy"):
         tileattn.forward([[1.0]], [[1.0]], [[1.0]])
+    with pytest.raises(TypeError, match="tileattn.forward: max_seqlen_q = 4.0 is a float"):
+        tileattn.forward(q, q, q, max_seqlen_q=4.0)
+    with pytest.raises(tileattn.Error, match="tileattn.options: window_left = 2147483648 is outside"):
+        tileattn.forward(q, q, q, window_left=2**31)
+    with pytest.raises(TypeError, match="tileattn.decode: k_cache is a builtins.str"):
+        tileattn.decode(q, "k", q)
 
 
 FA = "tileattn.flash_attn_func: "
