@@ -270,3 +270,45 @@ def test_build_info():
     assert isinstance(info["cuda"], bool) and isinstance(info["cuda_architectures"], list)
     assert isinstance(info["cpu_simd"], str) and info["cpu_simd"]
     assert isinstance(info["cpu_amx"], bool) and info["cpu_threads"] >= 1
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_decode_query_with_unaligned_strides(gen, device):
+    """A query sliced out of a wider tensor (strides not multiples of 8 elements, which the GPU kernels
+    cannot load 16 bytes at a time) is copied, not refused."""
+    dtype = F32 if device == "cpu" else torch.bfloat16
+    b, cap, h, d = 2, 32, 2, 64
+    wide = randn(gen, (b, 1, h, d + 4), dtype, device)
+    q = wide[..., :d]
+    k_cache, v_cache = (randn(gen, (b, cap, h, d), dtype, device) for _ in range(2))
+    lens = torch.tensor([7, 30], dtype=torch.int32, device=device)
+    got = run(device, "decode", tileattn.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=lens)
+    want = run(device, "decode", tileattn.flash_attn_with_kvcache, q.contiguous(), k_cache, v_cache,
+               cache_seqlens=lens)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("d", [40, 72, 100, 128])
+def test_gpu_head_dims_and_masks(gen, d):
+    """On the GPU (bf16): padded head dims forward and backward, a key-padding SDPA mask, cache_leftpad."""
+    from test_torch import check_rule
+    dt = torch.bfloat16
+    q = randn(gen, (2, 33, 4, d), dt, "cuda", requires_grad=True)
+    k, v = (randn(gen, (2, 47, 2, d), dt, "cuda", requires_grad=True) for _ in range(2))
+    out = tileattn.flash_attn_func(q, k, v, causal=True)
+    ins64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = reference(*ins64, causal=True)
+    low = [x.detach().requires_grad_() for x in (q, k, v)]
+    base = reference(*low, causal=True)
+    check_rule(out, base, want)
+    dout = randn(gen, out.shape, dt, "cuda")
+    for g, w, bl in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(want, ins64, dout.double()),
+                        torch.autograd.grad(base, low, dout)):
+        check_rule(g, bl, w, floor=1e-2)
+    keep = torch.rand((2, 47), generator=gen).cuda() > 0.3
+    qh, kh, vh = (x.detach().transpose(1, 2) for x in (q, k, v))
+    got = tileattn.scaled_dot_product_attention(qh, kh, vh, attn_mask=keep[:, None, None, :], enable_gqa=True)
+    want = _sdpa_math(qh.double(), kh.double(), vh.double(), attn_mask=keep[:, None, None, :], enable_gqa=True)
+    base = _sdpa_math(qh, kh, vh, attn_mask=keep[:, None, None, :], enable_gqa=True)
+    check_rule(got, base, want)
