@@ -89,8 +89,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     With return_attn_probs: (out, softmax_lse (batch, nheads, seqlen_q), None).
     causal and window_size align to the bottom-right corner; nheads % nheads_k == 0 (GQA/MQA);
     alibi_slopes (nheads,) or (batch, nheads) fp32 add -slope * |i + seqlen_k - seqlen_q - j|."""
-    out, lse = _attend("flash_attn_func", q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_func", q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
+                       softcap, alibi_slopes, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -98,8 +98,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv (batch, seqlen, 3, nheads, d); otherwise as flash_attn_func."""
     _checks.array("flash_attn_qkvpacked_func", "qkv", qkv)
-    out, lse = _attend("flash_attn_qkvpacked_func", qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0, dropout_p, softmax_scale,
-                       causal, window_size, softcap, alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_qkvpacked_func", qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -107,8 +107,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (batch, seqlen_q, nheads, d), kv (batch, seqlen_k, 2, nheads_k, d); as flash_attn_func."""
     _checks.array("flash_attn_kvpacked_func", "kv", kv)
-    out, lse = _attend("flash_attn_kvpacked_func", q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p, softmax_scale, causal,
-                       window_size, softcap, alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_kvpacked_func", q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
+                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -126,8 +126,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _checks.array(fn, "block_table", block_table), _checks.array(fn, "cu_seqlens_k", cu_seqlens_k)
         k = _adapt.gather_pages(fn, k, block_table, cu_seqlens_k)
         v = _adapt.gather_pages(fn, v, block_table, cu_seqlens_k)
-    out, lse = _attend("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                       causal, window_size, softcap, alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -136,8 +136,9 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False):
     """qkv (total, 3, nheads, d), cu_seqlens int32 (batch + 1,); as flash_attn_varlen_func."""
     _checks.array("flash_attn_varlen_qkvpacked_func", "qkv", qkv)
-    out, lse = _attend("flash_attn_varlen_qkvpacked_func", qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
-                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_varlen_qkvpacked_func", qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+                       max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -146,8 +147,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (total_q, nheads, d), kv (total_k, 2, nheads_k, d); as flash_attn_varlen_func."""
     _checks.array("flash_attn_varlen_kvpacked_func", "kv", kv)
-    out, lse = _attend("flash_attn_varlen_kvpacked_func", q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+    out, lse = _attend("flash_attn_varlen_kvpacked_func", q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
+                       max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -168,7 +170,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     check_device_indices (tileattn's own): GPU-resident cache_seqlens and block_table are copied to
     the host and checked before launch, one synchronization per call; pass False in serving loops
     and CUDA graphs, where out-of-range values are then clamped rather than reported."""
-    return _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, check_device_indices)
+    return _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                         alibi_slopes, num_splits, return_softmax_lse, check_device_indices)
 
 
 def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -203,7 +207,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError(f"tileattn: {fn} takes cache_batch_idx or block_table, not both")
     if block_table is not None and cache_leftpad is not None:
         raise _C.Error(f"tileattn.{fn}: cache_leftpad with block_table is not supported (flash_attn "
-                               "refuses it too)")
+                       "refuses it too)")
     page_table = block_table
     if cache_batch_idx is not None:
         # A contiguous cache is a paged one whose pages are whole rows: row cache_batch_idx[b] is the
