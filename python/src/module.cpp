@@ -4,11 +4,17 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <optional>
 #include <vector>
 
+#include <hwy/targets.h>
+
+#include "cpu/amx.hpp"
 #include "tileattn/tileattn.hpp"
 #include "views.hpp"
 
@@ -25,6 +31,30 @@ void attach_workspace(Options& o, const OptOut& ws) {
   if (!ws) return;
   o.workspace = static_cast<char*>(ws->t.data) + ws->t.byte_offset;
   o.workspace_bytes = nbytes(ws->t);
+}
+
+// workspace: None, an array, or a callable that allocates n bytes in the caller's library. The
+// callable saves a caller the second conversion of every argument that asking
+// *_workspace_size first costs: tens of microseconds per call, more than a short kernel takes.
+// Returns the object that keeps the scratch alive for the call.
+template <class Args>
+nb::object attach_workspace(Args& a, nb::object workspace) {
+  nb::object ws = workspace;
+  if (PyCallable_Check(workspace.ptr())) {
+    const std::size_t n = tileattn::workspace_size(a);
+    ws = n > 0 ? workspace(n) : nb::none();
+  }
+  if (!ws.is_none()) attach_workspace(a.options, nb::cast<Output>(ws));
+  return ws;
+}
+
+// Lengths and windows cross as 64-bit integers and are range-checked here, so a value past int
+// gets an error naming it instead of nanobind's "incompatible function arguments".
+int to_int(const char* fn, const char* name, std::int64_t v) {
+  if (v < INT32_MIN || v > INT32_MAX)
+    throw Error(std::string("tileattn::") + fn + ": " + name + " = " + std::to_string(v) +
+                " does not fit a 32-bit int");
+  return static_cast<int>(v);
 }
 
 ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,
@@ -68,7 +98,7 @@ BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const
   return a;
 }
 
-DecodeArgs decode_args(const char* fn, const Input& q, const Output& k_cache, const Output& v_cache,
+DecodeArgs decode_args(const char* fn, const Input& q, const Cache& k_cache, const Cache& v_cache,
                        const Output& out, const OptOut& lse, const OptIn& page_table,
                        const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
                        const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved,
@@ -104,22 +134,26 @@ void bind_options(nb::module_& m) {
   nb::class_<Options>(m, "Options", "tileattn::Options; see include/tileattn/options.hpp")
       .def(
           "__init__",
-          [](Options* o, std::optional<float> scale, bool causal, MaskAlign align, int window_left,
-             int window_right, float softcap, float dropout_p, std::uint64_t seed, std::uint64_t offset,
-             bool deterministic, Backend backend, int num_splits, bool check_device_indices, std::uintptr_t stream) {
+          [](Options* o, std::optional<float> scale, bool causal, MaskAlign align, std::int64_t window_left,
+             std::int64_t window_right, float softcap, float dropout_p, std::uint64_t seed, std::uint64_t offset,
+             bool deterministic, Backend backend, std::int64_t num_splits, bool check_device_indices,
+             std::uintptr_t stream) {
+            const int wl = to_int("Options", "window_left", window_left);
+            const int wr = to_int("Options", "window_right", window_right);
+            const int splits = to_int("Options", "num_splits", num_splits);
             new (o) Options();
             o->scale = scale;
             o->causal = causal;
             o->align = align;
-            o->window_left = window_left;
-            o->window_right = window_right;
+            o->window_left = wl;
+            o->window_right = wr;
             o->softcap = softcap;
             o->dropout_p = dropout_p;
             o->seed = seed;
             o->offset = offset;
             o->deterministic = deterministic;
             o->backend = backend;
-            o->num_splits = num_splits;
+            o->num_splits = splits;
             o->check_device_indices = check_device_indices;
             o->stream = reinterpret_cast<void*>(stream);
           },
@@ -152,21 +186,27 @@ void bind_calls(nb::module_& m) {
   m.def(
       "forward",
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
-         const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, Options o,
-         const OptOut& workspace) {
-        attach_workspace(o, workspace);
-        tileattn::forward(forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o));
+         const OptIn& cu_q, const OptIn& cu_k, std::int64_t max_q, std::int64_t max_k, const OptIn& alibi,
+         const Options& o, nb::object workspace) {
+        ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, to_int("forward", "max_seqlen_q", max_q),
+                                     to_int("forward", "max_seqlen_k", max_k), alibi, o);
+        nb::object ws = attach_workspace(a, workspace);
+        nb::gil_scoped_release release;
+        tileattn::forward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(), Release());
+      "options"_a = Options(), "workspace"_a = nb::none(),
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
 
   m.def(
       "forward_workspace_size",
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
-         const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const Options& o) {
-        return tileattn::workspace_size(
-            forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o));
+         const OptIn& cu_q, const OptIn& cu_k, std::int64_t max_q, std::int64_t max_k, const OptIn& alibi,
+         const Options& o) {
+        return tileattn::workspace_size(forward_args("forward", q, k, v, out, lse, cu_q, cu_k,
+                                                     to_int("forward", "max_seqlen_q", max_q),
+                                                     to_int("forward", "max_seqlen_k", max_k), alibi, o));
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
@@ -175,23 +215,28 @@ void bind_calls(nb::module_& m) {
   m.def(
       "backward",
       [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
-         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
-         int max_k, const OptIn& alibi, Options o, const OptOut& workspace) {
-        attach_workspace(o, workspace);
-        tileattn::backward(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q,
-                                         max_k, alibi, o));
+         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k,
+         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o, nb::object workspace) {
+        BackwardArgs a = backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
+                                       to_int("backward", "max_seqlen_q", max_q),
+                                       to_int("backward", "max_seqlen_k", max_k), alibi, o);
+        nb::object ws = attach_workspace(a, workspace);
+        nb::gil_scoped_release release;
+        tileattn::backward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(), Release());
+      "options"_a = Options(), "workspace"_a = nb::none(),
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
 
   m.def(
       "backward_workspace_size",
       [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
-         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
-         int max_k, const OptIn& alibi, const Options& o) {
-        return tileattn::workspace_size(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q,
-                                                      cu_k, max_q, max_k, alibi, o));
+         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k,
+         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o) {
+        return tileattn::workspace_size(backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
+                                                      to_int("backward", "max_seqlen_q", max_q),
+                                                      to_int("backward", "max_seqlen_k", max_k), alibi, o));
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
@@ -199,21 +244,17 @@ void bind_calls(nb::module_& m) {
 
   m.def(
       "decode",
-      [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
+      [](const Input& q, const Cache& k_cache, const Cache& v_cache, const Output& out, const OptOut& lse,
          const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
          const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
          const Options& o, nb::object workspace) {
         DecodeArgs a = decode_args("decode", q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new,
                                    v_new, rotary_cos, rotary_sin, rotary_interleaved, alibi, o);
-        // workspace: an array, or a callable that allocates n bytes in the caller's library. The
-        // callable saves a serving loop a second conversion of every argument (decode_workspace_size
-        // first): tens of microseconds per call, more than a short decode kernel takes.
-        nb::object ws = workspace;
-        if (PyCallable_Check(workspace.ptr())) {
-          const std::size_t n = tileattn::workspace_size(a);
-          ws = n > 0 ? workspace(n) : nb::none();
-        }
-        if (!ws.is_none()) attach_workspace(a.options, nb::cast<Output>(ws));
+        if (k_new || v_new)
+          for (auto [name, cache] : {std::pair{"k_cache", &k_cache}, std::pair{"v_cache", &v_cache}})
+            if (cache->read_only)
+              throw Error(std::string("tileattn::decode: ") + name + " is read-only, but k_new/v_new are appended to it");
+        nb::object ws = attach_workspace(a, workspace);
         nb::gil_scoped_release release;
         tileattn::decode(a);
       },
@@ -224,7 +265,7 @@ void bind_calls(nb::module_& m) {
 
   m.def(
       "decode_workspace_size",
-      [](const Input& q, const Output& k_cache, const Output& v_cache, const Output& out, const OptOut& lse,
+      [](const Input& q, const Cache& k_cache, const Cache& v_cache, const Output& out, const OptOut& lse,
          const OptIn& page_table, const OptIn& cache_seqlens, const OptIn& k_new, const OptIn& v_new,
          const OptIn& rotary_cos, const OptIn& rotary_sin, bool rotary_interleaved, const OptIn& alibi,
          const Options& o) {
@@ -277,6 +318,40 @@ void bind_runtime(nb::module_& m) {
       });
   m.def("memory_stats", &tileattn::memory_stats, "Host memory the library itself holds and its peak.");
   m.def("reset_peak_memory", &tileattn::reset_peak_memory);
+  m.def(
+      "build_info",
+      [] {
+        nb::dict d;
+        d["version"] = TILEATTN_VERSION;
+#ifdef TILEATTN_BUILT_CUDA
+        auto split = [](std::string s) {
+          std::vector<std::string> out;
+          for (std::size_t i = 0; i <= s.size();) {
+            const std::size_t j = std::min(s.find(';', i), s.size());
+            if (j > i) out.push_back(s.substr(i, j - i));
+            i = j + 1;
+          }
+          return out;
+        };
+        d["cuda"] = true;
+        d["cuda_architectures"] = split(TILEATTN_BUILT_CUDA_ARCHS);
+        d["cuda_dtypes"] = split(TILEATTN_BUILT_CUDA_DTYPES);
+        d["cuda_head_dims"] = split(TILEATTN_BUILT_CUDA_HDIMS);
+#else
+        d["cuda"] = false;
+        d["cuda_architectures"] = std::vector<std::string>{};
+        d["cuda_dtypes"] = std::vector<std::string>{};
+        d["cuda_head_dims"] = std::vector<std::string>{};
+#endif
+        // The best SIMD target Highway dispatches to on this CPU among those compiled in.
+        const std::int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
+        d["cpu_simd"] = hwy::TargetName(usable & -usable);
+        d["cpu_amx"] = tileattn::cpu::amx::available();
+        d["cpu_threads"] = tileattn::num_threads();
+        return d;
+      },
+      "What this build holds and what it uses here: version, CUDA (built, architectures, kernel dtypes "
+      "and head dims), the CPU's SIMD target, AMX, CPU threads.");
   m.def("set_num_threads", &tileattn::set_num_threads, "n"_a, "CPU threads; 0 = hardware concurrency.");
   m.def("num_threads", &tileattn::num_threads);
 }

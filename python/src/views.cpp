@@ -129,6 +129,8 @@ std::size_t nbytes(const nb::dlpack::dltensor& t) {
 TensorView to_view(const char* fn, const char* name, const Input& a) { return convert(fn, name, a.t); }
 TensorView to_view(const char* fn, const char* name, const Output& a) { return convert(fn, name, a.t); }
 
+TensorView to_view(const char* fn, const char* name, const Cache& a) { return convert(fn, name, a.t); }
+
 TensorView to_view(const char* fn, const char* name, const std::optional<Input>& a) {
   return a ? convert(fn, name, a->t) : TensorView{};
 }

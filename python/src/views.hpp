@@ -28,6 +28,11 @@ struct Array {
 using Input = Array<nb::ndarray<nb::ro>>;  // read-only inputs: immutable JAX arrays pass too
 using Output = Array<nb::ndarray<>>;       // written by the call
 
+// A KV cache: written only when a call appends to it, so a read-only array passes and says so.
+struct Cache : Output {
+  bool read_only = false;
+};
+
 // obj read through its type's exchange API into t; false (no error set) where the type has none
 // or the producer declines, and the caller falls back to the DLPack import.
 bool read_by_exchange_api(PyObject* obj, nb::dlpack::dltensor& t);
@@ -40,6 +45,7 @@ TensorView to_view(const char* fn, const char* name, const Input& a);
 TensorView to_view(const char* fn, const char* name, const Output& a);
 TensorView to_view(const char* fn, const char* name, const std::optional<Input>& a);
 TensorView to_view(const char* fn, const char* name, const std::optional<Output>& a);
+TensorView to_view(const char* fn, const char* name, const Cache& a);
 
 }  // namespace tileattn::python
 
@@ -67,6 +73,28 @@ struct type_caster<tileattn::python::Array<ND>> {
 
   // Arrays are only ever arguments.
   static handle from_cpp(const tileattn::python::Array<ND>&, rv_policy, cleanup_list*) noexcept { return handle(); }
+};
+
+template <>
+struct type_caster<tileattn::python::Cache> {
+  NB_TYPE_CASTER(tileattn::python::Cache, make_caster<tileattn::python::Output>::Name)
+
+  bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
+    make_caster<tileattn::python::Output> writable;
+    if (writable.from_python(src, flags, cleanup)) {
+      static_cast<tileattn::python::Output&>(value) = std::move(writable.value);
+      value.read_only = false;
+      return true;
+    }
+    make_caster<tileattn::python::Input> readable;
+    if (!readable.from_python(src, flags, cleanup)) return false;
+    value.t = readable.value.t;
+    value.keep = nanobind::ndarray<>(readable.value.keep);  // the same capsule, held for the call
+    value.read_only = true;
+    return true;
+  }
+
+  static handle from_cpp(const tileattn::python::Cache&, rv_policy, cleanup_list*) noexcept { return handle(); }
 };
 
 }  // namespace nanobind::detail

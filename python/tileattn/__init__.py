@@ -7,13 +7,15 @@
 - forward, backward, decode, combine: the C++ entry points with allocated outputs, for NumPy, PyTorch
   and CuPy arrays; tileattn._C has them with caller-allocated outputs for any DLPack array.
 - Error: raised for bad input with the core's message (a ValueError and a RuntimeError).
+- build_info(): version, CUDA (built, architectures), the CPU features in use.
+- TILEATTN_LOG=1 in the environment: one line on standard error per call saying which path it took.
 """
 
 import sys
 
 from . import _C
-from ._C import Backend, Error, MaskAlign, MemoryStats, Options, memory_stats, num_threads, reset_peak_memory, \
-    set_num_threads
+from ._C import Backend, Error, MaskAlign, MemoryStats, Options, build_info, memory_stats, num_threads, \
+    reset_peak_memory, set_num_threads
 from ._config import use_backend
 from ._flash_api import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, \
     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, \
@@ -30,7 +32,7 @@ if "torch" in sys.modules:
     from . import _torch_ops  # noqa: F401
 
 __all__ = [
-    "Backend", "Error", "MaskAlign", "MemoryStats", "Options", "backward", "combine", "decode",
+    "Backend", "Error", "MaskAlign", "MemoryStats", "Options", "backward", "build_info", "combine", "decode",
     "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "forward",
     "memory_stats", "num_threads", "reset_peak_memory", "scaled_dot_product_attention", "set_num_threads",

@@ -6,7 +6,7 @@ raises tileattn.Error with the core's message; output shapes are only guessed he
 allocate, and a call whose shapes make no sense gets no lse so the core reports q itself.
 """
 
-from . import _C
+from . import _C, _checks, _log
 from ._arrays import current_stream, empty, native, on_cuda
 
 _BACKENDS = {
@@ -23,6 +23,9 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
             softcap=0.0, dropout_p=0.0, seed=0, offset=0, deterministic=False, backend="auto",
             num_splits=0, check_device_indices=True):
     """A tileattn.Options for a call on like's device, ordered on its library's current stream."""
+    window_left = _checks.integer("options", "window_left", window_left)
+    window_right = _checks.integer("options", "window_right", window_right)
+    num_splits = _checks.integer("options", "num_splits", num_splits)
     if isinstance(backend, str):
         if backend not in _BACKENDS:
             raise ValueError(f"tileattn: backend = {backend!r}, expected one of {sorted(_BACKENDS)}")
@@ -35,13 +38,16 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
         num_splits=num_splits, check_device_indices=check_device_indices, stream=current_stream(like))
 
 
-def _workspace(like, size_fn, *args, **kwargs):
+def _scratch(like):
     # On a GPU the library's scratch comes from the caller's allocator (PyTorch's caching
     # allocator, CuPy's pool): no cudaMalloc inside a call, so calls can be captured in CUDA graphs.
-    if not on_cuda(like):
-        return None
-    nbytes = size_fn(*args, **kwargs)
-    return empty(like, (nbytes,), "uint8") if nbytes > 0 else None
+    # The native call allocates it once it knows the size: one conversion of the arguments, not two.
+    return (lambda n: empty(like, (n,), "uint8")) if on_cuda(like) else None
+
+
+def _arrays(fn, **named):
+    for name, x in named.items():
+        _checks.array(fn, name, x)
 
 
 def _native(*args):
@@ -64,13 +70,17 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, ma
             alibi_slopes=None, **opts):
     """Attention forward. Returns (out, lse): out shaped like q with v's head dim, lse fp32
     [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]). opts: see options()."""
+    _arrays("forward", q=q, k=k, v=v)
+    max_seqlen_q = _checks.integer("forward", "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _checks.integer("forward", "max_seqlen_k", max_seqlen_k)
     o = options(q, **opts)
     out = _out_like(q, v)
     shape = _lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None)
     lse = empty(q, shape, "float32") if shape is not None else None
     args = _native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o)
-    ws = _workspace(q, _C.forward_workspace_size, *args)
-    _C.forward(*args, workspace=ws)
+    _C.forward(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("forward", q, k, cu_seqlens_q is not None, o)
     return out, lse
 
 
@@ -78,12 +88,16 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
              max_seqlen_k=0, alibi_slopes=None, **opts):
     """Attention backward from the forward's out and lse. Returns (dq, dk, dv), shaped like q, k, v.
     opts must match the forward's (dropout seed and offset included)."""
+    _arrays("backward", dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    max_seqlen_q = _checks.integer("backward", "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _checks.integer("backward", "max_seqlen_k", max_seqlen_k)
     o = options(q, **opts)
     dq, dk, dv = empty(q, q.shape), empty(k, k.shape), empty(v, v.shape)
     args = _native(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             alibi_slopes, o)
-    ws = _workspace(q, _C.backward_workspace_size, *args)
-    _C.backward(*args, workspace=ws)
+    _C.backward(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("backward", q, k, cu_seqlens_q is not None, o)
     return dq, dk, dv
 
 
@@ -93,14 +107,15 @@ def decode(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, p
     [batch, capacity, heads_kv, d] or paged [pages, page_size, heads_kv, d] with an int32 page_table
     [batch, pages_per_seq]. k_new/v_new are first written into the cache at cache_seqlens[b]...,
     rotated by rotary_cos/sin [positions, rotary_dim / 2] when given. Returns (out, lse)."""
+    _arrays("decode", q=q, k_cache=k_cache, v_cache=v_cache)
     o = options(q, **opts)
     out = _out_like(q, v_cache)
     lse = empty(q, (q.shape[0], q.shape[2], q.shape[1]), "float32") if q.ndim == 4 else None
     args = _native(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
             rotary_interleaved, alibi_slopes, o)
-    # The scratch is allocated from inside the call, once it knows the size: one conversion of the
-    # arguments instead of two (see _workspace).
-    _C.decode(*args, workspace=(lambda n: empty(q, (n,), "uint8")) if on_cuda(q) else None)
+    _C.decode(*args, workspace=_scratch(q))
+    if _log.enabled:
+        _log.call("decode", q, k_cache, page_table is not None, o)
     return out, lse
 
 
@@ -108,6 +123,7 @@ def combine(out_partial, lse_partial, *, out=None, backend="auto"):
     """Merges partial results over disjoint key sets by their log-sum-exp. out_partial fp32
     [splits, batch, seqlen_q, heads, d], lse_partial fp32 [splits, batch, heads, seqlen_q].
     Returns (out, lse); out (default: fp32) may be given to choose its dtype."""
+    _arrays("combine", out_partial=out_partial, lse_partial=lse_partial)
     o = options(out_partial, backend=backend)
     if out is None:
         out = empty(out_partial, out_partial.shape[1:])

@@ -1,36 +1,119 @@
 """torch.nn.functional.scaled_dot_product_attention's signature on tileattn.
 
-Tensors are [batch, heads, seq, dim]; they reach the core as [batch, seq, heads, dim] strided views
-(a transpose, never a copy), and the output comes back as the same kind of view.
+Tensors are [..., heads, seq, dim] with any number of leading batch dimensions (none included). They
+reach the core as [batch, seq, heads, dim] strided views (a transpose, never a copy), and the kernel
+writes the output straight into [..., heads, seq, dim] memory, so the result is contiguous as SDPA's is.
+
+attn_mask, boolean (True = attend) or additive (float), broadcast as SDPA broadcasts it: a mask that
+is the same for every head and every query row is a key-padding mask, and runs exactly as a
+variable-length batch of each sequence's kept keys. An additive mask of 0 and -inf is the same
+boolean mask. Any other mask (per head, per query row, finite biases) is refused with an error that
+names attn_mask: the library builds its masks from structure, never from an N x N tensor.
 """
 
+from . import _C, _checks
 from ._arrays import is_torch
-from ._flash_api import _attend
+from ._flash_api import _attend, _plain_torch
+
+_FN = "scaled_dot_product_attention"
 
 
 def _swap_heads_seq(x):
     if is_torch(x):
-        return x.transpose(1, 2)
-    return x.swapaxes(1, 2)
+        return x.transpose(-3, -2)
+    return x.swapaxes(-3, -2)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    """query [batch, heads_q, seq_q, d], key/value [batch, heads_kv, seq_k, d] -> [batch, heads_q, seq_q, d_v].
-    is_causal aligns to the top-left corner (PyTorch's convention: query i sees keys j <= i).
-    heads_kv < heads_q needs enable_gqa=True. attn_mask is not supported: the library builds its masks
-    (causal, sliding window, varlen) from structure, never from an N x N tensor."""
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "tileattn.scaled_dot_product_attention: attn_mask is not supported; use is_causal, or "
-            "flash_attn_func's window_size / alibi_slopes / softcap")
+    """query [..., heads_q, seq_q, d], key/value [..., heads_kv, seq_k, d] -> [..., heads_q, seq_q, d_v],
+    contiguous. is_causal aligns to the top-left corner (PyTorch's convention: query i sees keys j <= i).
+    heads_kv < heads_q needs enable_gqa=True. attn_mask: see the module's notes."""
+    if attn_mask is None and _plain_torch(query, key, value) and query.ndim == 4 and key.ndim == 4 and \
+            value.ndim == 4 and (enable_gqa or key.shape[1] == query.shape[1]):
+        # The common call, with no more checks than the core's.
+        out, _ = _attend(_FN, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, 0, 0,
+                         dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, heads_first=True)
+        return out.transpose(1, 2)
     for name, x in (("query", query), ("key", key), ("value", value)):
-        if x.ndim != 4:
-            raise ValueError(f"tileattn.scaled_dot_product_attention: {name} has shape {tuple(x.shape)}, "
-                             "expected [batch, heads, seq, dim]")
-    if not enable_gqa and key.shape[1] != query.shape[1]:
-        raise ValueError(f"tileattn.scaled_dot_product_attention: query has {query.shape[1]} heads and key "
-                         f"{key.shape[1]}; pass enable_gqa=True for grouped-query attention")
-    out, _ = _attend(_swap_heads_seq(query), _swap_heads_seq(key), _swap_heads_seq(value), None, None, 0, 0,
-                     dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True)
+        _checks.array(_FN, name, x)
+        if x.ndim < 3:
+            raise ValueError(f"tileattn.{_FN}: {name} has shape {tuple(x.shape)}, expected [..., heads, seq, dim]")
+    if not (query.ndim == key.ndim == value.ndim):
+        raise ValueError(f"tileattn.{_FN}: query, key and value have {query.ndim}, {key.ndim} and {value.ndim} "
+                         "dimensions, expected the same number")
+    lead = tuple(query.shape[:-3])
+    if tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead:
+        raise ValueError(f"tileattn.{_FN}: query, key and value have leading dimensions {lead}, "
+                         f"{tuple(key.shape[:-3])} and {tuple(value.shape[:-3])}, expected the same")
+    if not enable_gqa and key.shape[-3] != query.shape[-3]:
+        raise ValueError(f"tileattn.{_FN}: query has {query.shape[-3]} heads and key "
+                         f"{key.shape[-3]}; pass enable_gqa=True for grouped-query attention")
+    if query.ndim != 4:
+        q, k, v = (x.reshape((-1,) + tuple(x.shape[-3:])) for x in (query, key, value))
+        out = scaled_dot_product_attention(q, k, v, _batched_mask(attn_mask, lead, query, key), dropout_p, is_causal,
+                                           scale, enable_gqa)
+        return out.reshape(lead + tuple(out.shape[1:]))
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError(f"tileattn.{_FN}: attn_mask and is_causal are both set; pass one (as SDPA requires)")
+        return _key_padding(query, key, value, attn_mask, dropout_p, scale)
+    out, _ = _attend(_FN, _swap_heads_seq(query), _swap_heads_seq(key), _swap_heads_seq(value), None, None, 0, 0,
+                     dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, heads_first=True)
     return _swap_heads_seq(out)
+
+
+def _batched_mask(mask, lead, query, key):
+    """The mask for the leading dimensions flattened into one batch dimension."""
+    if mask is None:
+        return None
+    full = lead + (query.shape[-3], query.shape[-2], key.shape[-2])
+    try:
+        m = mask.expand(full) if is_torch(mask) else __import__("numpy").broadcast_to(mask, full)
+    except (RuntimeError, ValueError):
+        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(mask.shape)}, which does not broadcast to "
+                       f"{full}") from None
+    return m.reshape((-1,) + full[-3:])
+
+
+def _key_padding(query, key, value, attn_mask, dropout_p, scale):
+    if not is_torch(query) or not is_torch(attn_mask):
+        raise _C.Error(f"tileattn.{_FN}: attn_mask is supported for PyTorch tensors only")
+    import torch
+    b, hq, sq, _ = query.shape
+    sk = key.shape[-2]
+    full = (b, hq, sq, sk)
+    try:
+        mask = attn_mask.expand(full)
+    except RuntimeError:
+        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
+                       f"to {full}") from None
+    if mask.dtype != torch.bool:
+        if not mask.is_floating_point():
+            raise _C.Error(f"tileattn.{_FN}: attn_mask has dtype {mask.dtype}, expected bool or a float dtype")
+        keep = mask == 0
+        if not bool((keep | (mask == float("-inf"))).all()):
+            raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
+                           "tileattn takes boolean masks and additive masks of 0 and -inf only")
+        mask = keep
+    keys = mask[:, :1, :1, :]  # [b, 1, 1, sk]
+    if not bool((mask == keys).all()):
+        raise _C.Error(f"tileattn.{_FN}: attn_mask differs between heads or query rows; tileattn takes "
+                       "key-padding masks (one set of keys per batch entry) here, and builds causal, window "
+                       "and document masks from structure (flash_attn_func, flash_attn_varlen_func)")
+    keys = keys.reshape(b, sk)
+    from . import _log
+    _log.note("attn_mask: key-padding mask run as a variable-length batch")
+    # [b, h, s, d] -> packed [b * s, h, d] of the kept keys.
+    idx = keys.reshape(-1).nonzero().reshape(-1)
+    lens = keys.sum(1, dtype=torch.int32)
+    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=query.device)
+    max_k = int(lens.max()) if b else 0
+
+    def packed(x, s):
+        return x.transpose(1, 2).reshape(b * s, x.shape[1], x.shape[3])
+    k, v = (packed(x, sk).index_select(0, idx) for x in (key, value))
+    out, _ = _attend(_FN, packed(query, sq), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
+                     None, False, top_left=True)
+    return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()

@@ -181,8 +181,8 @@ def test_error_is_value_and_runtime_error():
 
 
 def test_high_level_functions_raise_the_core_message():
-    q = t(1, 4, 2, 12)
-    with pytest.raises(tileattn.Error, match=re.escape(F + "q.shape[-1] (head_dim_qk) = 12, head dims must be")):
+    q = t(1, 4, 2, 300)
+    with pytest.raises(tileattn.Error, match=re.escape("flash_attn_func: q.shape[-1] (head dim) = 300, expected 1 to")):
         tileattn.flash_attn_func(q, q, q)
     with pytest.raises(tileattn.Error, match=re.escape(F + "q must have 3 dimensions, got 4")):
         tileattn.flash_attn_varlen_func(t(1, 4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 4, 4)
@@ -199,21 +199,95 @@ def test_high_level_functions_raise_the_core_message():
 
 def test_python_layer_checks():
     q = t(1, 2, 4, 16)
-    with pytest.raises(NotImplementedError, match="attn_mask"):
+    with pytest.raises(tileattn.Error, match="attn_mask is supported for PyTorch tensors only"):
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((4, 4), bool))
     with pytest.raises(ValueError, match="enable_gqa"):
         tileattn.scaled_dot_product_attention(t(1, 4, 4, 16), q, q)
-    with pytest.raises(ValueError, match=re.escape("expected [batch, heads, seq, dim]")):
-        tileattn.scaled_dot_product_attention(t(2, 4, 16), t(2, 4, 16), t(2, 4, 16))
+    with pytest.raises(ValueError, match=re.escape("expected [..., heads, seq, dim]")):
+        tileattn.scaled_dot_product_attention(t(4, 16), t(4, 16), t(4, 16))
     with pytest.raises(ValueError, match="backend = 'gpu'"):
         tileattn.forward(q, q, q, backend="gpu")
-    with pytest.raises(NotImplementedError, match="block_table"):
-        tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 4, 4,
-                                        block_table=i32(0).reshape(1, 1))
-    with pytest.raises(NotImplementedError, match="cache_leftpad"):
-        tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), t(1, 8, 2, 16), t(1, 8, 2, 16), cache_leftpad=i32(0))
-    with pytest.raises(TypeError, match="arrays are not supported here"):
+    with pytest.raises(TypeError, match="tileattn.forward: q is a builtins.list; expected a NumPy"):
         tileattn.forward([[1.0]], [[1.0]], [[1.0]])
+    with pytest.raises(TypeError, match="tileattn.forward: max_seqlen_q = 4.0 is a float"):
+        tileattn.forward(q, q, q, max_seqlen_q=4.0)
+    with pytest.raises(tileattn.Error, match="tileattn.options: window_left = 2147483648 is outside"):
+        tileattn.forward(q, q, q, window_left=2**31)
+    with pytest.raises(TypeError, match="tileattn.decode: k_cache is a builtins.str"):
+        tileattn.decode(q, "k", q)
+
+
+FA = "tileattn.flash_attn_func: "
+KV = "tileattn.flash_attn_with_kvcache: "
+VL = "tileattn.flash_attn_varlen_func: "
+
+
+def _q():
+    return t(1, 4, 2, 16)
+
+
+BAD_ARGUMENTS = [
+    # issue: ints past 2^31, floats for ints, the wrong window, non-arrays
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), window_size=(2**31, -1)),
+     tileattn.Error, FA + "window_size[0] = 2147483648 is outside [-2147483648, 2147483647]"),
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), window_size=(-1, -2**40)),
+     tileattn.Error, FA + "window_size[1] = -1099511627776 is outside"),
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), window_size=(1, 2, 3)),
+     TypeError, FA + "window_size = (1, 2, 3), expected a pair (left, right)"),
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), window_size=4),
+     TypeError, FA + "window_size = 4, expected a pair"),
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), window_size=(1.5, 2)),
+     TypeError, FA + "window_size[0] = 1.5 is a float, expected an int"),
+    (lambda: tileattn.flash_attn_func([[1.0]], _q(), _q()), TypeError, FA + "q is a builtins.list; expected a"),
+    (lambda: tileattn.flash_attn_func(_q(), "k", _q()), TypeError, FA + "k is a builtins.str; expected a"),
+    (lambda: tileattn.flash_attn_qkvpacked_func([1, 2]), TypeError, "flash_attn_qkvpacked_func: qkv is a builtins.list"),
+    (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), softmax_scale="x"), TypeError, FA + "softmax_scale = 'x'"),
+    (lambda: tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 2**31, 4),
+     tileattn.Error, VL + "max_seqlen_q = 2147483648 is outside [0, 2147483647]"),
+    (lambda: tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 4, 4.0),
+     TypeError, VL + "max_seqlen_k = 4.0 is a float, expected an int"),
+    (lambda: tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), -3, 4),
+     tileattn.Error, VL + "max_seqlen_q = -3 is outside [0, 2147483647]"),
+    (lambda: tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), _ro(t(1, 8, 2, 16)), t(1, 8, 2, 16), k=t(1, 1, 2, 16),
+                                              v=t(1, 1, 2, 16), cache_seqlens=0),
+     tileattn.Error, KV + "k_cache is read-only, but k/v are appended to it"),
+    (lambda: tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), t(1, 8, 2, 16), t(1, 8, 2, 16), cache_seqlens=2**33),
+     tileattn.Error, KV + "cache_seqlens = 8589934592 is outside [0, 2147483647]"),
+    (lambda: tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), t(1, 8, 2, 16), t(1, 8, 2, 16), num_splits=1.0),
+     TypeError, KV + "num_splits = 1.0 is a float"),
+    (lambda: tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), t(1, 8, 2, 16), t(1, 8, 2, 16), window_size=(0,)),
+     TypeError, KV + "window_size = (0,), expected a pair"),
+    (lambda: tileattn.flash_attn_with_kvcache("q", t(1, 8, 2, 16), t(1, 8, 2, 16)), TypeError, KV + "q is a builtins.str"),
+    (lambda: tileattn.flash_attn_with_kvcache(t(1, 1, 2, 16), t(4, 4, 2, 16), t(4, 4, 2, 16), cache_seqlens=i32(6),
+                                              block_table=i32(0, 9).reshape(1, 2)),
+     tileattn.Error, "tileattn::decode: block_table[0, 1] = 9 is outside [0, 4) (k_cache.shape[0] pages)"),
+    # the native module's own: 64-bit values checked, read-only caches refused only for appends
+    (lambda: _C.forward(_q(), _q(), _q(), _q(), None, max_seqlen_q=2**31),
+     tileattn.Error, "tileattn::forward: max_seqlen_q = 2147483648 does not fit a 32-bit int"),
+    (lambda: _C.Options(window_left=2**32), tileattn.Error, "tileattn::Options: window_left = 4294967296 does not fit"),
+    (lambda: _C.decode(t(1, 1, 2, 16), t(1, 8, 2, 16), _ro(t(1, 8, 2, 16)), t(1, 1, 2, 16), k_new=t(1, 1, 2, 16),
+                       v_new=t(1, 1, 2, 16), cache_seqlens=i32(0), options=REF),
+     tileattn.Error, "tileattn::decode: v_cache is read-only, but k_new/v_new are appended to it"),
+]
+
+
+def _ro(x):
+    x.flags.writeable = False
+    return x
+
+
+@pytest.mark.parametrize("call,kind,message", BAD_ARGUMENTS, ids=[m[:70] for _, _, m in BAD_ARGUMENTS])
+def test_bad_python_arguments(call, kind, message):
+    with pytest.raises(kind) as info:
+        call()
+    assert message in str(info.value)
+
+
+def test_read_only_cache_without_append_is_read():
+    q = np.random.default_rng().standard_normal((1, 1, 2, 16)).astype(np.float32)
+    cache = _ro(np.random.default_rng().standard_normal((1, 8, 2, 16)).astype(np.float32))
+    out = tileattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=5)
+    assert out.shape == (1, 1, 2, 16) and np.isfinite(out).all()
 
 
 def test_nothing_written_when_validation_fails():

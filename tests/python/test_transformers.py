@@ -197,6 +197,55 @@ def test_mask_builder_never_materializes():
     assert hf.mask_builder(3, 10, 10, attention_mask=mask) is None
     mask[1, 0] = False
     assert torch.equal(hf.mask_builder(3, 10, 10, attention_mask=mask), mask)
-    assert hf.mask_builder(3, 4, 6, attention_mask=mask) is None  # a window of 6 keys skips the padding
+    # A window of 6 keys (positions 4..9) for 4 queries (positions 6..9) skips the padding.
+    assert hf.mask_builder(3, 4, 6, q_offset=6, kv_offset=4, attention_mask=mask) is None
     mask[2, 7] = False
-    assert torch.equal(hf.mask_builder(3, 4, 6, attention_mask=mask), mask[:, -6:])
+    assert torch.equal(hf.mask_builder(3, 4, 6, q_offset=6, kv_offset=4, attention_mask=mask), mask[:, -6:])
+
+
+def test_mask_builder_cuts_a_static_cache_to_its_tokens():
+    """A static cache of 16 slots holding 7 tokens, 2 of them new: the mask covers the 7 slots in use."""
+    m = hf.mask_builder(2, 2, 16, q_offset=torch.tensor(5), kv_offset=0, attention_mask=None)
+    assert m.shape == (2, 7) and m.stride() == (0, 0) and bool(m.all())
+    pad = torch.ones(2, 7, dtype=torch.bool)
+    pad[0, :3] = False
+    assert torch.equal(hf.mask_builder(2, 2, 16, q_offset=torch.tensor(5), kv_offset=0, attention_mask=pad), pad)
+
+
+def _generate(model, ids, mask, cache_implementation, new=8):
+    dev = next(model.parameters()).device
+    kw = dict(max_new_tokens=new, do_sample=False, pad_token_id=0)
+    if cache_implementation != "dynamic":
+        kw["cache_implementation"] = cache_implementation
+    with torch.no_grad():
+        return model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), **kw).cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ["llama", "mistral-sliding"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_generate_matches_sdpa(seeded, device, cache, arch, padded):
+    """generate() token for token against sdpa on the same weights: dynamic and static caches, sliding-window
+    layers (a window shorter than the prompt plus the new tokens), left-padded batches."""
+    if arch == "llama":
+        config, cls = llama_config(), transformers.LlamaForCausalLM
+    else:
+        config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            sliding_window=7, max_position_embeddings=256)
+        cls = transformers.MistralForCausalLM
+    ms = models(config, device, cls)
+    ids = torch.randint(1, 128, (3, 11))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0
+        mask[2, :1] = 0
+        ids = ids.masked_fill(mask == 0, 0)
+    try:
+        with backend(device, "decode"), backend(device):
+            ours = _generate(ms["tileattn"], ids, mask, cache)
+    except tileattn.Error as e:
+        skip_unsupported(e)
+    want = _generate(ms["sdpa"], ids, mask, cache)
+    assert torch.equal(ours, want), f"tileattn {ours[:, 11:].tolist()} vs sdpa {want[:, 11:].tolist()}"

@@ -12,7 +12,8 @@ offsets ...); it expects (attn_output [batch, seq_q, heads_q, d], attn_weights o
 is the one of transformers' own flash-attention path, and so is the mask: register() also installs a
 mask builder that never materializes a mask. The model then hands over None when every token is real
 (causality comes from the module, aligned to the bottom-right corner, which is what a KV cache needs)
-or the 2D [batch, seq_k] padding mask when some are not; padded batches and packed sequences (given as
+or a 2D [batch, keys in use] padding mask when some are not (static caches included: their empty
+slots are cut off, see mask_builder); padded batches and packed sequences (given as
 cu_seq_lens_q/k or as restarting position_ids) run as variable-length batches. Grouped-query heads are
 read in place (no repeat of K and V). A dense 4D mask, attention sinks and position biases are
 refused: tileattn builds masks from structure, never from an N x N tensor.
@@ -77,7 +78,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if attention_mask is not None:
         if attention_mask.ndim != 2:
             raise _dense_mask_error(attention_mask)
-        return _padded(q, k, v, attention_mask[:, -seq_k:].bool(), opts), None
+        used = attention_mask.shape[1]
+        if used < seq_k:
+            # A static cache's slots past the last token hold nothing yet (see mask_builder).
+            q, k, v = q, k[:, :used], v[:, :used]
+            opts["window_size"] = _window(sliding_window, used)
+        elif used > seq_k:
+            attention_mask = attention_mask[:, -seq_k:]
+        if attention_mask.stride() == (0, 0):
+            return flash_attn_func(q, k, v, **opts), None  # every slot in use is a real token
+        return _padded(q, k, v, attention_mask.bool(), opts), None
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None:
@@ -119,15 +129,30 @@ def _padded(q, k, v, mask_k, opts):
 
 def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
                  **kwargs):
-    """The mask transformers builds once per forward for this implementation: None when every token is real,
-    else the 2D [batch, kv_length] padding mask (the last kv_length columns: windowed caches keep fewer
-    keys). Never an N x N mask: causality and windows come from each module."""
-    if attention_mask is None:
+    """The mask transformers builds once per forward for this implementation, never an N x N one (causality
+    and windows come from each module): a 2D [batch, used] mask over the key slots in use, or None when every
+    slot is in use and every token is real.
+
+    Key slot j holds the token at position kv_offset + j; the queries end at position q_offset + q_length,
+    so the slots in use are the first used = q_offset + q_length - kv_offset, and the last q_length of them
+    are the queries (bottom-right alignment). A static cache has slots past them that hold nothing yet: the
+    mask is then shorter than the keys and the attention function cuts the keys to it. When every slot in
+    use is a real token the mask is all True, returned as a broadcast view (strides 0, 0) that the
+    attention function reads as "no padding" without looking at its values."""
+    q_end = int(q_offset) + q_length  # a static cache gives a 0-d tensor: one host read per forward
+    used = min(kv_length, q_end - kv_offset)
+    if used < q_length:
+        used = kv_length
+    device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
+    if attention_mask is not None:
+        real = attention_mask[:, kv_offset:kv_offset + used].bool()
+        if real.shape[1] < used:  # slots past the given mask are masked, as transformers' own masks pad
+            real = torch.nn.functional.pad(real, (0, used - real.shape[1]), value=False)
+        if not bool(real.all()):
+            return real
+    if used == kv_length:
         return None
-    attention_mask = attention_mask[:, -kv_length:]
-    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
-        return None
-    return attention_mask
+    return torch.ones((1, 1), dtype=torch.bool, device=device).expand(batch_size, used)
 
 
 def register(name=NAME):

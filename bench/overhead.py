@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Host time per eager call: tileattn's PyTorch entry points beside torch.nn.functional's
+scaled_dot_product_attention on a small problem, where the host side is the whole cost.
+
+Each call is timed on the host alone (no synchronization inside the timed region; the GPU queue is
+drained every few calls outside it), and the record keeps the median of many calls. "fwd" is one
+forward call under no_grad; "fwd+bwd" a forward with inputs that require grad plus the backward's
+launch (out.backward(dout)).
+
+usage: overhead.py [--out FILE] [--device cuda|cpu] [--calls N] [--shape B,S,H,D]
+Writes the DESIGN.md record (grid "overhead": impl, entry, pass, us) and prints tileattn / SDPA per
+entry point and pass (target <= 1.25). Problem: batch 1, 128 tokens, 8 heads, head dim 64, bf16 on a
+GPU (fp32 on the CPU, where the call's compute is included too: there, use it for comparisons
+between commits, not against the target).
+"""
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tileattn
+
+CACHE = 4000  # the decode row's cached keys
+B, S, H, D = 1, 128, 8, 64  # --shape changes them (a few tokens isolate the host cost on a CPU)
+
+
+def host_us(fn, calls, device):
+    for _ in range(20):
+        fn()
+    times = []
+    for i in range(calls):
+        if i % 50 == 0 and device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def entries(device, dtype):
+    def t(*shape, grad=False):
+        return torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+    bshd = [t(B, S, H, D) for _ in range(3)]
+    bshd_g = [t(B, S, H, D, grad=True) for _ in range(3)]
+    bhsd = [x.transpose(1, 2) for x in bshd]
+    bhsd_g = [t(B, H, S, D, grad=True) for _ in range(3)]
+    cu = torch.tensor([0, S], dtype=torch.int32, device=device)
+    flat = [x.reshape(B * S, H, D) for x in bshd]
+    flat_g = [t(B * S, H, D, grad=True) for _ in range(3)]
+    k_cache, v_cache = t(B, CACHE + 96, H, D), t(B, CACHE + 96, H, D)
+    lens = torch.full((B,), CACHE, dtype=torch.int32, device=device)
+    q1 = t(B, 1, H, D)
+    dout = t(B, S, H, D)
+    dout_h = t(B, H, S, D)
+    return {
+        # (entry, tileattn forward, SDPA forward, tileattn fwd+bwd, SDPA fwd+bwd); None = no backward
+        "flash_attn_func": (lambda: tileattn.flash_attn_func(*bshd, causal=True),
+                            lambda: F.scaled_dot_product_attention(*bhsd, is_causal=True),
+                            lambda: tileattn.flash_attn_func(*bshd_g, causal=True).backward(dout),
+                            lambda: F.scaled_dot_product_attention(*bhsd_g, is_causal=True).backward(dout_h)),
+        "flash_attn_varlen_func": (
+            lambda: tileattn.flash_attn_varlen_func(*flat, cu, cu, S, S, causal=True),
+            lambda: F.scaled_dot_product_attention(*bhsd, is_causal=True),
+            lambda: tileattn.flash_attn_varlen_func(*flat_g, cu, cu, S, S, causal=True).backward(dout[0]),
+            lambda: F.scaled_dot_product_attention(*bhsd_g, is_causal=True).backward(dout_h)),
+        "scaled_dot_product_attention": (
+            lambda: tileattn.scaled_dot_product_attention(*bhsd, is_causal=True),
+            lambda: F.scaled_dot_product_attention(*bhsd, is_causal=True),
+            lambda: tileattn.scaled_dot_product_attention(*bhsd_g, is_causal=True).backward(dout_h),
+            lambda: F.scaled_dot_product_attention(*bhsd_g, is_causal=True).backward(dout_h)),
+        "flash_attn_with_kvcache": (
+            lambda: tileattn.flash_attn_with_kvcache(q1, k_cache, v_cache, cache_seqlens=lens,
+                                                     check_device_indices=False),
+            lambda: F.scaled_dot_product_attention(q1.transpose(1, 2), k_cache[:, :CACHE].transpose(1, 2),
+                                                   v_cache[:, :CACHE].transpose(1, 2)),
+            None, None),
+    }
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="the JSON record to write")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shape", help="batch,tokens,heads,head_dim (default 1,128,8,64)")
+    a = ap.parse_args()
+    if a.shape:
+        global B, S, H, D
+        B, S, H, D = (int(x) for x in a.shape.split(","))
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    if a.device == "cpu":
+        # One thread each: on a shared host a pool of several only adds noise to a host-time figure.
+        torch.set_num_threads(1)
+        tileattn.set_num_threads(1)
+    rows = []
+    print(f"{'entry':30} {'pass':8} {'tileattn us':>12} {'sdpa us':>10} {'ratio':>7}")
+    for entry, (ours, sdpa, ours_b, sdpa_b) in entries(a.device, dtype).items():
+        for pass_, fo, fs in (("fwd", ours, sdpa), ("fwd+bwd", ours_b, sdpa_b)):
+            if fo is None:
+                continue
+            ctx = torch.no_grad() if pass_ == "fwd" else torch.enable_grad()
+            with ctx:
+                # Interleaved, so drift on a shared host hits both alike.
+                us_s, us_o = host_us(fs, a.calls // 2, a.device), host_us(fo, a.calls // 2, a.device)
+                us_s = min(us_s, host_us(fs, a.calls // 2, a.device))
+                us_o = min(us_o, host_us(fo, a.calls // 2, a.device))
+            base = dict(grid="overhead", entry=entry, dtype=str(dtype).replace("torch.", ""), batch=B, seqlen_q=S,
+                        seqlen_k=S if entry != "flash_attn_with_kvcache" else CACHE, heads_q=H, heads_kv=H, hdim=D,
+                        causal=entry != "flash_attn_with_kvcache")
+            rows.append(dict(base, impl="tileattn", **{"pass": pass_}, us=round(us_o, 2)))
+            rows.append(dict(base, impl="torch-sdpa", **{"pass": pass_}, us=round(us_s, 2)))
+            print(f"{entry:30} {pass_:8} {us_o:12.1f} {us_s:10.1f} {us_o / us_s:7.2f}")
+    device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    record = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
+              "torch": torch.__version__, "rows": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

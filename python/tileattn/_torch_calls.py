@@ -1,0 +1,123 @@
+"""The native calls on PyTorch tensors, as thin as they go: what _functional does for any array
+library, specialised to torch.Tensor.
+
+An eager call's host time is what small models and decode loops pay per layer, so this path keeps
+per-call Python to the minimum: outputs from torch.empty, a tileattn.Options built once per distinct
+set of option values (and CUDA stream) and reused, the GPU scratch allocated from inside the native
+call once it knows the size (no second conversion of the arguments for a size query), the stream
+read with PyTorch's raw accessor.
+"""
+
+import torch
+
+from . import _C, _log
+
+_BACKENDS = {
+    "auto": _C.Backend.automatic,
+    "automatic": _C.Backend.automatic,
+    "cpu": _C.Backend.cpu_flash,
+    "cpu_flash": _C.Backend.cpu_flash,
+    "cpu_reference": _C.Backend.cpu_reference,
+    "cuda": _C.Backend.cuda,
+}
+_BOTTOM_RIGHT, _TOP_LEFT = _C.MaskAlign.bottom_right, _C.MaskAlign.top_left
+_U8, _F32 = torch.uint8, torch.float32
+
+# Options objects by their values. Immutable once cached: a call that needs a per-call value (a
+# dropout seed) builds its own, so threads sharing an entry never see each other's values.
+_options = {}
+
+
+def _stream(x):
+    if not x.is_cuda:
+        return 0
+    return torch._C._cuda_getCurrentRawStream(x.get_device())
+
+
+def options(like, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
+            deterministic, backend, num_splits=0, check_device_indices=True):
+    stream = _stream(like)
+    key = (scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend,
+           num_splits, check_device_indices, stream)
+    if seed == 0 and offset == 0:
+        o = _options.get(key)
+        if o is not None:
+            return o
+    b = _BACKENDS.get(backend)
+    if b is None:
+        raise ValueError(f"tileattn: backend = {backend!r}, expected one of {sorted(_BACKENDS)}")
+    o = _C.Options(scale=scale, causal=causal, align=_TOP_LEFT if top_left else _BOTTOM_RIGHT,
+                   window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
+                   seed=seed, offset=offset, deterministic=deterministic, backend=b, num_splits=num_splits,
+                   check_device_indices=check_device_indices, stream=stream)
+    if seed == 0 and offset == 0:
+        if len(_options) > 1024:  # bounded: option values come from a program, but streams can be many
+            _options.clear()
+        _options[key] = o
+    return o
+
+
+def _scratch(like):
+    # On a GPU the library's scratch comes from PyTorch's caching allocator: no cudaMalloc inside a
+    # call, so calls can be captured in CUDA graphs. The CPU backends use their own.
+    if not like.is_cuda:
+        return None
+    return lambda n: like.new_empty(n, dtype=_U8)
+
+
+def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
+            top_left, window_left, window_right, softcap, dropout_p, seed, deterministic, backend,
+            heads_first=False):
+    """(out, lse). heads_first: out is a [batch, seq, heads, d] view of [batch, heads, seq, d] memory
+    (what scaled_dot_product_attention returns), written in place by the kernel: no copy."""
+    o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
+                deterministic, backend)
+    out = empty_out(q, v, heads_first)
+    varlen = cu_seqlens_q is not None
+    shape = lse_shape(q, varlen)
+    lse = q.new_empty(shape, dtype=_F32) if shape is not None else None
+    _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o,
+               _scratch(q))
+    if _log.enabled:
+        _log.call("forward", q, k, varlen, o)
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale,
+             causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset, deterministic, backend):
+    o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
+                deterministic, backend)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    _C.backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                alibi_slopes, o, _scratch(q))
+    if _log.enabled:
+        _log.call("backward", q, k, cu_seqlens_q is not None, o)
+    return dq, dk, dv
+
+
+def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
+    o = options(q, scale, causal, False, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
+                num_splits, check_device_indices)
+    out = empty_out(q, v_cache, False)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if q.ndim == 4 else None
+    _C.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+              rotary_interleaved, alibi_slopes, o, _scratch(q))
+    if _log.enabled:
+        _log.call("decode", q, k_cache, page_table is not None, o)
+    return out, lse
+
+
+def empty_out(q, v, heads_first):
+    shape = q.shape[:-1] + v.shape[-1:]
+    if heads_first and q.ndim == 4:
+        b, s, h, d = shape
+        return q.new_empty((b, h, s, d)).transpose(1, 2)
+    return q.new_empty(shape)
+
+
+def lse_shape(q, varlen):
+    """The log-sum-exp's shape, or None where q's rank is wrong (the core then names q)."""
+    if varlen:
+        return (q.shape[1], q.shape[0]) if q.ndim == 3 else None
+    return (q.shape[0], q.shape[2], q.shape[1]) if q.ndim == 4 else None

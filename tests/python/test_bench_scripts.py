@@ -1,0 +1,40 @@
+"""bench/train_e2e.py --tiny and bench/overhead.py on a few CPU calls: the scripts' whole paths (models,
+every CPU implementation, timing, the JSON record) in seconds, so the GPU runs do not find a broken script."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+
+
+def _run(script, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, os.path.join(BENCH, script), *args], check=True, env=env, timeout=600,
+                   capture_output=True)
+
+
+def test_train_e2e_tiny(tmp_path):
+    out = tmp_path / "e2e.json"
+    _run("train_e2e.py", "--tiny", "--device", "cpu", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["impl"] for r in rows} == {"tileattn", "torch-sdpa", "torch-math"}
+    for r in rows:
+        assert r["grid"] == "e2e" and r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["finite"], r
+    # Same weights, same tokens: the implementations agree on the loss.
+    losses = [r["loss"] for r in rows]
+    assert max(losses) - min(losses) < 1e-3, losses
+
+
+def test_overhead_record(tmp_path):
+    out = tmp_path / "overhead.json"
+    _run("overhead.py", "--device", "cpu", "--calls", "20", "--shape", "1,4,2,16", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["impl"], r["pass"]) for r in rows} >= {("tileattn", "fwd"), ("torch-sdpa", "fwd"),
+                                                    ("tileattn", "fwd+bwd"), ("torch-sdpa", "fwd+bwd")}
+    assert all(r["grid"] == "overhead" and r["us"] > 0 for r in rows)

@@ -1,0 +1,314 @@
+"""flash_attn's and SDPA's call forms that the Python layer adapts (head dims of any value, paged varlen,
+cache_leftpad, flash_attn's rotary bound, SDPA masks and leading dimensions), the custom ops under
+torch.library.opcheck, and TILEATTN_LOG. On the CPU, float32 against the float64 reference."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tileattn  # noqa: E402
+from tileattn import _log, _torch_ops  # noqa: E402
+from test_torch import backend_for, check_close, randn, reference, run  # noqa: E402
+
+F32 = torch.float32
+
+
+@pytest.fixture
+def gen(rng):
+    return torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+
+
+HDIMS = [1, 3, 7, 12, 20, 33, 64, 100, 129, 191, 255, 256]
+
+
+@pytest.mark.parametrize("d", HDIMS)
+def test_flash_attn_any_head_dim(gen, d):
+    """Forward and gradients of flash_attn_func, the varlen and packed forms and the cache, at head dims
+    that are not multiples of 8 (padded) and that are."""
+    b, sq, sk, hq, hk = 2, 13, 21, 4, 2
+    q = randn(gen, (b, sq, hq, d), F32, "cpu", requires_grad=True)
+    k, v = (randn(gen, (b, sk, hk, d), F32, "cpu", requires_grad=True) for _ in range(2))
+    out = run("cpu", "forward", tileattn.flash_attn_func, q, k, v, causal=True)
+    assert out.shape == (b, sq, hq, d)
+    ins64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = reference(*ins64, causal=True)
+    check_close(out, want, F32)
+    dout = randn(gen, out.shape, F32, "cpu")
+    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
+    for g, w in zip(got, torch.autograd.grad(want, ins64, dout.double())):
+        assert g.shape == w.shape
+        check_close(g, w, F32)
+
+    cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+    flat = [x.detach().reshape(-1, *x.shape[2:]) for x in (q, k, v)]
+    out_v = run("cpu", "forward", tileattn.flash_attn_varlen_func, *flat, cu_q, cu_k, sq, sk, causal=True)
+    check_close(out_v.reshape(out.shape), want, F32)
+
+    qkv = torch.stack([q.detach()[:, :, :hk], k.detach()[:, :sq], v.detach()[:, :sq]], dim=2)
+    out_p = run("cpu", "forward", tileattn.flash_attn_qkvpacked_func, qkv)
+    check_close(out_p, reference(*(qkv[:, :, i].double() for i in range(3))), F32)
+
+    # The cache: padded copies, the appended row written back into the caller's cache.
+    cap = 16
+    k_cache, v_cache = (randn(gen, (b, cap, hk, d), F32, "cpu") for _ in range(2))
+    k_new, v_new = (randn(gen, (b, 1, hk, d), F32, "cpu") for _ in range(2))
+    lens = torch.tensor([3, 9], dtype=torch.int32)
+    q1 = q.detach()[:, :1]
+    keys = [torch.cat([k_cache[i, :int(lens[i])], k_new[i]]) for i in range(b)]
+    vals = [torch.cat([v_cache[i, :int(lens[i])], v_new[i]]) for i in range(b)]
+    out_c = run("cpu", "decode", tileattn.flash_attn_with_kvcache, q1, k_cache, v_cache, k=k_new, v=v_new,
+                cache_seqlens=lens)
+    for i in range(b):
+        check_close(out_c[i:i + 1], reference(q1[i:i + 1].double(), keys[i][None].double(), vals[i][None].double()),
+                    F32)
+        assert torch.equal(k_cache[i, int(lens[i])], k_new[i, 0]) and torch.equal(v_cache[i, int(lens[i])], v_new[i, 0])
+
+
+def test_numpy_head_dim_padding(rng):
+    q, k, v = (rng.standard_normal((1, 9, 2, 5)).astype(np.float32) for _ in range(3))
+    with tileattn.use_backend(backend_for("cpu", "forward")):
+        out = tileattn.flash_attn_func(q, k, v)
+    want = reference(*(torch.from_numpy(x).double() for x in (q, k, v)))
+    check_close(torch.from_numpy(out), want, F32)
+
+
+def test_head_dim_out_of_range():
+    q = torch.zeros(1, 2, 1, 263)
+    with pytest.raises(tileattn.Error, match=r"q.shape\[-1\] \(head dim\) = 263, expected 1 to 256"):
+        tileattn.flash_attn_func(q, q, q)
+    q = torch.zeros(1, 2, 1, 264)  # a multiple of 8: the core's own message
+    with pytest.raises(tileattn.Error, match=r"q.shape\[-1\] \(head_dim_qk\) = 264, head dims must be"):
+        tileattn.flash_attn_func(q, q, q)
+
+
+def _paged(gen, cache, page):
+    """cache [b, cap, h, d] as randomly placed pages and its block_table."""
+    b, cap = cache.shape[:2]
+    n = b * cap // page
+    perm = torch.randperm(n, generator=gen)
+    pages = torch.empty((n, page) + tuple(cache.shape[2:]), dtype=cache.dtype)
+    pages[perm] = cache.reshape((n, page) + tuple(cache.shape[2:]))
+    return pages, perm.reshape(b, cap // page).to(torch.int32)
+
+
+def test_varlen_with_block_table(gen):
+    lens_q, lens_k, page, cap = [5, 1, 12], [9, 30, 12], 8, 32
+    hq, hk, d = 4, 2, 64
+    k_cache, v_cache = (randn(gen, (3, cap, hk, d), F32, "cpu") for _ in range(2))
+    k_pages, table = _paged(gen, k_cache, page)
+    v_pages = torch.empty_like(k_pages)
+    v_pages[table.reshape(-1).long()] = v_cache.reshape(-1, page, hk, d)
+    q = randn(gen, (sum(lens_q), hq, d), F32, "cpu", requires_grad=True)
+    cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)
+    out = run("cpu", "forward", tileattn.flash_attn_varlen_func, q, k_pages, v_pages, cu_q, cu_k, max(lens_q),
+              max(lens_k), causal=True, block_table=table)
+    for b in range(3):
+        s = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        want = reference(q.detach()[s][None].double(), k_cache[b:b + 1, :lens_k[b]].double(),
+                         v_cache[b:b + 1, :lens_k[b]].double(), causal=True)
+        check_close(out[s][None], want, F32)
+    dq, = run("cpu", "backward", torch.autograd.grad, out.sum(), (q,))
+    assert dq.shape == q.shape and torch.isfinite(dq).all()
+    with pytest.raises(tileattn.Error, match="flash_attn_varlen_func: block_table names page 99, outside"):
+        bad = table.clone()
+        bad[1, 0] = 99
+        tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 12, 30, block_table=bad)
+    with pytest.raises(tileattn.Error, match="exceeds the 32 rows its block_table row can address"):
+        tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k + torch.tensor([0, 0, 5, 5], dtype=torch.int32),
+                                        12, 35, block_table=table)
+
+
+def _rotate(x, cos, sin, pos, interleaved):
+    """The rotary oracle, in float64: pairs (2i, 2i+1) or (i, i + r/2) rotated by angle rows `pos`."""
+    half = cos.shape[1]
+    c, s = cos.double()[pos][:, :, None], sin.double()[pos][:, :, None]
+    y = x.double().clone()
+    if interleaved:
+        a, b = x.double()[..., 0:2 * half:2], x.double()[..., 1:2 * half:2]
+        y[..., 0:2 * half:2], y[..., 1:2 * half:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x.double()[..., :half], x.double()[..., half:2 * half]
+        y[..., :half], y[..., half:2 * half] = a * c - b * s, a * s + b * c
+    return y
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cache_leftpad(gen, rotary, interleaved):
+    """Sequence b's keys are rows leftpad[b] .. cache_seqlens[b] of its cache plus the appended rows;
+    rotary positions are absolute cache rows (cache_seqlens + i), causal aligned to the kept keys."""
+    b, cap, hq, hk, d, sq = 3, 24, 4, 2, 32, 2
+    k_cache, v_cache = (randn(gen, (b, cap, hk, d), F32, "cpu") for _ in range(2))
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    q = randn(gen, (b, sq, hq, d), F32, "cpu")
+    k_new, v_new = (randn(gen, (b, sq, hk, d), F32, "cpu") for _ in range(2))
+    lens = torch.tensor([5, 20, 9], dtype=torch.int32)
+    leftpad = torch.tensor([2, 0, 9], dtype=torch.int32)
+    angles = torch.rand((cap, 8), generator=gen) * 6.28
+    cos, sin = (angles.cos(), angles.sin()) if rotary else (None, None)
+    out = run("cpu", "decode", tileattn.flash_attn_with_kvcache, q, k_cache, v_cache, k=k_new, v=v_new,
+              rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, cache_seqlens=lens,
+              cache_leftpad=leftpad, causal=True)
+    for i in range(b):
+        n, lp = int(lens[i]), int(leftpad[i])
+        pos = torch.arange(n, n + sq)[None]
+        kn = _rotate(k_new[i:i + 1], cos, sin, pos, interleaved) if rotary else k_new[i:i + 1].double()
+        qi = _rotate(q[i:i + 1], cos, sin, pos, interleaved) if rotary else q[i:i + 1].double()
+        keys = torch.cat([k0[i:i + 1, lp:n].double(), kn], dim=1)
+        vals = torch.cat([v0[i:i + 1, lp:n].double(), v_new[i:i + 1].double()], dim=1)
+        check_close(out[i:i + 1], reference(qi, keys, vals, causal=True), F32)
+        torch.testing.assert_close(k_cache[i, n:n + sq].double(), kn[0], atol=1e-5, rtol=0)
+        assert torch.equal(k_cache[i, :n], k0[i, :n]) and torch.equal(v_cache[i, n:n + sq], v_new[i])
+
+
+def test_rotary_table_of_capacity_rows(gen):
+    """flash_attn's bound: rotary_cos.shape[0] >= the cache capacity, even for several causal query rows
+    with no append (the core's own bound counts the rows past it)."""
+    b, cap, h, d, sq = 2, 16, 2, 32, 3
+    k_cache, v_cache = (randn(gen, (b, cap, h, d), F32, "cpu") for _ in range(2))
+    q = randn(gen, (b, sq, h, d), F32, "cpu")
+    angles = torch.rand((cap, 4), generator=gen)
+    lens = torch.tensor([4, 11], dtype=torch.int32)
+    out = run("cpu", "decode", tileattn.flash_attn_with_kvcache, q, k_cache, v_cache, rotary_cos=angles.cos(),
+              rotary_sin=angles.sin(), cache_seqlens=lens, causal=True)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def _sdpa_math(*args, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(*args, **kw)
+
+
+MASKS = {
+    "bool-b11s": lambda keep: keep[:, None, None, :],
+    "bool-bs-rows": lambda keep: keep[:, None, None, :].expand(-1, 1, 7, -1),
+    "additive": lambda keep: torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))[:, None, None, :],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_sdpa_key_padding_mask(gen, kind):
+    b, hq, hk, sq, sk, d = 3, 4, 2, 7, 19, 32
+    q = randn(gen, (b, hq, sq, d), F32, "cpu", requires_grad=True)
+    k, v = (randn(gen, (b, hk, sk, d), F32, "cpu", requires_grad=True) for _ in range(2))
+    keep = torch.rand((b, sk), generator=gen) > 0.4
+    keep[0] = True
+    mask = MASKS[kind](keep)
+    out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.is_contiguous() and out.shape == (b, hq, sq, d)
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = _sdpa_math(*ins, attn_mask=mask if mask.dtype == torch.bool else mask.double(), enable_gqa=True)
+    check_close(out, want, F32)
+    dout = randn(gen, out.shape, F32, "cpu")
+    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
+    for g, w in zip(got, torch.autograd.grad(want, ins, dout.double())):
+        check_close(g, w, F32)
+
+
+def test_sdpa_mask_refusals():
+    q = torch.zeros(1, 2, 4, 16)
+    with pytest.raises(tileattn.Error, match="attn_mask differs between heads or query rows"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril())
+    with pytest.raises(tileattn.Error, match="attn_mask is an additive mask with finite nonzero values"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.randn(4, 4))
+    with pytest.raises(tileattn.Error, match=r"attn_mask has shape \(3,\), which does not broadcast"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask and is_causal are both set"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, dtype=torch.bool), is_causal=True)
+
+
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)], ids=["3d", "4d", "5d"])
+def test_sdpa_leading_dims(gen, lead):
+    q, k, v = (randn(gen, lead + (2, 9, 16), F32, "cpu") for _ in range(3))
+    out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, is_causal=True)
+    assert out.shape == q.shape and out.is_contiguous()
+    check_close(out, _sdpa_math(q.double(), k.double(), v.double(), is_causal=True), F32)
+
+
+def _opcheck_inputs(gen):
+    q, k, v = (randn(gen, (1, 5, 2, 16), F32, "cpu", requires_grad=True) for _ in range(3))
+    return q, k, v
+
+
+def test_opcheck_fwd_bwd_decode(gen):
+    q, k, v = _opcheck_inputs(gen)
+    b = backend_for("cpu", "forward")
+    for heads_first in (False, True):
+        torch.library.opcheck(_torch_ops.fwd, (q, k, v, None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0,
+                                               False, b, heads_first))
+    out, lse, rng = _torch_ops.fwd(q, k, v, None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0, False, b)
+    dout = torch.randn(out.shape, generator=gen)
+    torch.library.opcheck(_torch_ops.bwd, (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, rng, None,
+                                           None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0, False,
+                                           backend_for("cpu", "backward")))
+    k_cache, v_cache = (torch.randn((1, 8, 2, 16), generator=gen) for _ in range(2))
+    lens = torch.tensor([3], dtype=torch.int32)
+    torch.library.opcheck(_torch_ops.decode_op, (q.detach()[:, :1], k_cache, v_cache, k.detach()[:, :1],
+                                                 v.detach()[:, :1], lens, None, None, None, False, None, None,
+                                                 True, -1, -1, 0.0, 0, True, backend_for("cpu", "decode")))
+
+
+def test_log_names_the_path(gen, capsys):
+    q = randn(gen, (1, 4, 2, 12), F32, "cpu")
+    _log.set_enabled(True)
+    try:
+        run("cpu", "forward", tileattn.flash_attn_func, q, q, q, causal=True)
+    finally:
+        _log.set_enabled(False)
+    err = capsys.readouterr().err
+    assert "tileattn: forward backend=cpu_" in err and "q=1x4x2x16" in err and "causal" in err
+    assert "head dims 12/12 padded to 16/16" in err
+
+
+def test_build_info():
+    info = tileattn.build_info()
+    assert info["version"] == tileattn.__version__
+    assert isinstance(info["cuda"], bool) and isinstance(info["cuda_architectures"], list)
+    assert isinstance(info["cpu_simd"], str) and info["cpu_simd"]
+    assert isinstance(info["cpu_amx"], bool) and info["cpu_threads"] >= 1
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_decode_query_with_unaligned_strides(gen, device):
+    """A query sliced out of a wider tensor (strides not multiples of 8 elements, which the GPU kernels
+    cannot load 16 bytes at a time) is copied, not refused."""
+    dtype = F32 if device == "cpu" else torch.bfloat16
+    b, cap, h, d = 2, 32, 2, 64
+    wide = randn(gen, (b, 1, h, d + 4), dtype, device)
+    q = wide[..., :d]
+    k_cache, v_cache = (randn(gen, (b, cap, h, d), dtype, device) for _ in range(2))
+    lens = torch.tensor([7, 30], dtype=torch.int32, device=device)
+    got = run(device, "decode", tileattn.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=lens)
+    want = run(device, "decode", tileattn.flash_attn_with_kvcache, q.contiguous(), k_cache, v_cache,
+               cache_seqlens=lens)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("d", [40, 72, 100, 128])
+def test_gpu_head_dims_and_masks(gen, d):
+    """On the GPU (bf16): padded head dims forward and backward, a key-padding SDPA mask, cache_leftpad."""
+    from test_torch import check_rule
+    dt = torch.bfloat16
+    q = randn(gen, (2, 33, 4, d), dt, "cuda", requires_grad=True)
+    k, v = (randn(gen, (2, 47, 2, d), dt, "cuda", requires_grad=True) for _ in range(2))
+    out = tileattn.flash_attn_func(q, k, v, causal=True)
+    ins64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = reference(*ins64, causal=True)
+    low = [x.detach().requires_grad_() for x in (q, k, v)]
+    base = reference(*low, causal=True)
+    check_rule(out, base, want)
+    dout = randn(gen, out.shape, dt, "cuda")
+    for g, w, bl in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(want, ins64, dout.double()),
+                        torch.autograd.grad(base, low, dout)):
+        check_rule(g, bl, w, floor=1e-2)
+    keep = torch.rand((2, 47), generator=gen).cuda() > 0.3
+    qh, kh, vh = (x.detach().transpose(1, 2) for x in (q, k, v))
+    got = tileattn.scaled_dot_product_attention(qh, kh, vh, attn_mask=keep[:, None, None, :], enable_gqa=True)
+    want = _sdpa_math(qh.double(), kh.double(), vh.double(), attn_mask=keep[:, None, None, :], enable_gqa=True)
+    base = _sdpa_math(qh, kh, vh, attn_mask=keep[:, None, None, :], enable_gqa=True)
+    check_rule(got, base, want)
