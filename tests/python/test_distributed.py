@@ -1,0 +1,252 @@
+"""tileattn.distributed on 1 to 4 gloo processes with CPU tensors (the CPU backend): each rank's output,
+LSE and gradients against its shard of the single-process call on the gathered sequence.
+
+One process group per world size runs every case (starting processes costs more than the cases);
+skipped without PyTorch or its gloo backend.
+"""
+
+import math
+import os
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import tileattn  # noqa: E402
+from tileattn import distributed as cp  # noqa: E402
+
+WORLDS = (1, 2, 3, 4)
+LOCAL = 6  # tokens per rank: zigzag chunks of 3 (odd), sequences of 6 to 24
+HEADS, HEADS_KV, HDIM = 4, 2, 16
+
+# name: (function, keyword arguments, input dtype). Masks, windows and ALiBi are those of the whole
+# sequence; varlen cases pack documents that straddle ranks.
+CASES = {
+    "ring-contiguous": ("ring", dict(layout="contiguous"), torch.float32),
+    "ring-contiguous-causal": ("ring", dict(layout="contiguous", causal=True), torch.float32),
+    "ring-zigzag": ("ring", dict(layout="zigzag"), torch.float32),
+    "ring-zigzag-causal": ("ring", dict(layout="zigzag", causal=True), torch.float32),
+    "ring-zigzag-causal-window-softcap": (
+        "ring", dict(layout="zigzag", causal=True, window_size=(4, 0), softcap=2.0, softmax_scale=0.3),
+        torch.float32),
+    "ring-contiguous-window": ("ring", dict(layout="contiguous", window_size=(5, 2)), torch.float32),
+    "ring-zigzag-causal-bf16": ("ring", dict(layout="zigzag", causal=True), torch.bfloat16),
+    "gather-contiguous-causal": ("gather", dict(layout="contiguous", causal=True), torch.float32),
+    "gather-zigzag-causal-alibi": ("gather", dict(layout="zigzag", causal=True, alibi=True), torch.float32),
+    "gather-zigzag-window": ("gather", dict(layout="zigzag", window_size=(3, 2)), torch.float32),
+    "varlen-contiguous-causal": ("varlen", dict(layout="contiguous", causal=True), torch.float32),
+    "varlen-zigzag-causal-window-alibi": (
+        "varlen", dict(layout="zigzag", causal=True, window_size=(4, 0), alibi=True), torch.float32),
+    "varlen-contiguous-window": ("varlen", dict(layout="contiguous", window_size=(2, 3)), torch.float32),
+    "varlen-zigzag": ("varlen", dict(layout="zigzag"), torch.float32),
+}
+
+
+def _documents(total, gen):
+    """Document boundaries over total packed tokens, some long enough to cross ranks, some of one
+    token, and a tail of tokens in no document."""
+    cu, pos = [0], 0
+    end = total - 1
+    while pos < end:
+        pos = min(end, pos + int(torch.randint(1, 2 * LOCAL, (), generator=gen)))
+        cu.append(pos)
+    return cu
+
+
+def _reference(kind, q, k, v, cu, kw):
+    """The single-process call on the whole sequence (autograd through tileattn's PyTorch layer)."""
+    common = dict(causal=kw.get("causal", False), window_size=kw.get("window_size", (-1, -1)),
+                  softcap=kw.get("softcap", 0.0), softmax_scale=kw.get("softmax_scale"),
+                  alibi_slopes=kw.get("alibi_slopes"), return_attn_probs=True)
+    if kind != "varlen":
+        out, lse, _ = tileattn.flash_attn_func(q, k, v, **common)
+        return out, lse
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    longest = max(y - x for x, y in zip(cu, cu[1:]))
+    out, lse, _ = tileattn.flash_attn_varlen_func(q, k, v, cu_t, cu_t, longest, longest, **common)
+    return out, lse
+
+
+def _oracle(q, k, v, causal):
+    """fp64 dense attention over [b, s, h, d] (for the bf16 case's tolerance)."""
+    q, k, v = (x.double() for x in (q, k, v))
+    k, v = (x.repeat_interleave(q.shape[2] // x.shape[2], dim=2) for x in (k, v))
+    s = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
+
+
+def _run_case(name, rank, world, seed):
+    kind, kw, dtype = CASES[name]
+    kw = dict(kw)
+    layout = kw.pop("layout")
+    gen = torch.Generator().manual_seed(seed)
+    batch = 1 if kind == "varlen" else 2
+    n = LOCAL * world
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen).to(dtype)
+
+    q, k, v = randn(batch, n, HEADS, HDIM), randn(batch, n, HEADS_KV, HDIM), randn(batch, n, HEADS_KV, HDIM)
+    dout = randn(batch, n, HEADS, HDIM)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(HEADS, generator=gen) * 0.5
+    cu = None
+    if kind == "varlen":
+        q, k, v, dout = (x[0] for x in (q, k, v, dout))
+        cu = _documents(n, gen)
+        if "alibi_slopes" in kw:
+            kw["alibi_slopes"] = torch.rand(len(cu) - 1, HEADS, generator=gen) * 0.5
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, ref_lse = _reference(kind, *full, cu, kw)
+    dim = 0 if kind == "varlen" else 1
+    if cu is not None:  # rows past the last document: the reference leaves them unwritten
+        ref_out = ref_out.clone()
+        ref_out[cu[-1]:] = 0
+        ref_lse = ref_lse.clone()
+        ref_lse[:, cu[-1]:] = float("-inf")
+    ref_out.backward(dout)
+    if cu is not None:
+        for x in full:
+            x.grad[cu[-1]:] = 0
+
+    local = [cp.shard(x.detach(), rank, world, layout=layout, dim=dim).clone().requires_grad_() for x in (q, k, v)]
+    if kind == "ring":
+        out, lse = cp.ring_attention(*local, causal=kw.pop("causal", False), layout=layout, return_lse=True, **kw)
+    else:
+        out, lse = cp.all_gather_attention(*local, causal=kw.pop("causal", False), layout=layout, return_lse=True,
+                                           cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
+                                           **kw)
+    out.backward(cp.shard(dout, rank, world, layout=layout, dim=dim))
+    lse_dim = 1 if kind == "varlen" else 2
+    got = {"out": out, "lse": lse, "dq": local[0].grad, "dk": local[1].grad, "dv": local[2].grad}
+    want = {"out": cp.shard(ref_out, rank, world, layout=layout, dim=dim),
+            "lse": cp.shard(ref_lse, rank, world, layout=layout, dim=lse_dim),
+            "dq": cp.shard(full[0].grad, rank, world, layout=layout, dim=dim),
+            "dk": cp.shard(full[1].grad, rank, world, layout=layout, dim=dim),
+            "dv": cp.shard(full[2].grad, rank, world, layout=layout, dim=dim)}
+    errors = {}
+    for key in got:
+        assert got[key].shape == want[key].shape, (key, got[key].shape, want[key].shape)
+        assert got[key].dtype == want[key].dtype, (key, got[key].dtype, want[key].dtype)
+        a, b = got[key].double(), want[key].double()
+        same_inf = torch.equal(torch.isinf(a), torch.isinf(b))
+        finite = torch.isfinite(b)
+        errors[key] = (a[finite] - b[finite]).abs().max().item() if same_inf and finite.any() else \
+            (0.0 if same_inf else math.inf)
+    if dtype != torch.float32:
+        # DESIGN.md's rule: within 2x the single-process call's error against the fp64 oracle, plus a floor.
+        oracle = cp.shard(_oracle(q, k, v, True), rank, world, layout=layout, dim=1)
+        errors["out_vs_oracle"] = (out.double() - oracle).abs().max().item()
+        errors["out_bound"] = 2 * (cp.shard(ref_out.detach(), rank, world, layout=layout, dim=1).double()
+                                   - oracle).abs().max().item() + 1e-3
+    return errors
+
+
+def _run_errors(rank, world):
+    """Bad calls raise on every rank alike (none is left waiting on the others)."""
+    q = torch.zeros(1, LOCAL, HEADS, HDIM)
+    results = {}
+    calls = {
+        "layout": lambda: cp.ring_attention(q, q, q, layout="striped"),
+        "alibi-ring": lambda: cp.ring_attention(q, q, q, causal=True, alibi_slopes=torch.ones(HEADS)),
+        "alibi-gather-noncausal": lambda: cp.all_gather_attention(q, q, q, alibi_slopes=torch.ones(HEADS)),
+        "zigzag-odd": lambda: cp.ring_attention(q[:, :5], q[:, :5], q[:, :5], layout="zigzag"),
+        "cu_seqlens": lambda: cp.all_gather_attention(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 9, 4],
+                                                                                             dtype=torch.int32)),
+        "shapes": lambda: cp.ring_attention(q, q[:, :4], q),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            results[name] = "no error"
+        except (ValueError, NotImplementedError) as e:
+            results[name] = f"{type(e).__name__}: {e}"
+    return results
+
+
+def _worker(rank, world, init_file, seed, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    results = {}
+    try:
+        for name in CASES:
+            try:
+                results[name] = _run_case(name, rank, world, seed)
+            except Exception:  # reported by the test of that case
+                results[name] = traceback.format_exc()
+        results["errors"] = _run_errors(rank, world)
+        dist.barrier()
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """world size -> per-rank results, each world's processes started on first use."""
+    seed = int(os.environ.get("TILEATTN_TEST_SEED", torch.randint(0, 2**62, ()).item()))
+    cache = {}
+
+    def get(world):
+        if world not in cache:
+            d = tmp_path_factory.mktemp(f"world{world}")
+            torch.multiprocessing.spawn(_worker, args=(world, str(d / "init"), seed, str(d)), nprocs=world)
+            cache[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
+        return cache[world], seed
+
+    return get
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_single_process(runs, world, case):
+    results, seed = runs(world)
+    print(f"TILEATTN_TEST_SEED={seed}")
+    fp32 = CASES[case][2] == torch.float32
+    for rank, res in enumerate(results):
+        errors = res[case]
+        assert isinstance(errors, dict), f"rank {rank} of {world}:\n{errors}"
+        if fp32:
+            for key, e in errors.items():
+                assert e <= 2e-5, f"rank {rank} of {world}: {key} differs by {e}"
+        else:
+            assert errors["out_vs_oracle"] <= errors["out_bound"], f"rank {rank} of {world}: {errors}"
+            # LSE is fp32 everywhere; gradients sum bf16 block results in fp32.
+            assert errors["lse"] <= 1e-4, f"rank {rank} of {world}: {errors}"
+            for key in ("dq", "dk", "dv"):
+                assert errors[key] <= 0.05, f"rank {rank} of {world}: {key} differs by {errors[key]}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_bad_calls_raise_on_every_rank(runs, world):
+    results, _ = runs(world)
+    for rank, res in enumerate(results):
+        e = res["errors"]
+        assert e["layout"].startswith("ValueError") and "'striped'" in e["layout"]
+        assert e["zigzag-odd"].startswith("ValueError") and "zigzag" in e["zigzag-odd"]
+        assert e["cu_seqlens"].startswith("ValueError") and "cu_seqlens" in e["cu_seqlens"]
+        assert e["shapes"].startswith("ValueError"), e["shapes"]
+        if world > 1:
+            assert e["alibi-ring"].startswith("NotImplementedError"), e["alibi-ring"]
+            assert e["alibi-gather-noncausal"].startswith("NotImplementedError"), e["alibi-gather-noncausal"]
+        else:  # one rank is the local call, ALiBi included
+            assert e["alibi-ring"] == "no error" and e["alibi-gather-noncausal"] == "no error"
+
+
+def test_shard_unshard_round_trip():
+    x = torch.arange(2 * 24).reshape(2, 24)
+    for layout in cp.LAYOUTS:
+        for world in WORLDS:
+            shards = [cp.shard(x, r, world, layout=layout) for r in range(world)]
+            assert torch.equal(cp.unshard(shards, layout=layout), x)
+    # zigzag on 3 ranks: chunks (0, 5), (1, 4), (2, 3) of 6
+    assert cp.shard(x, 1, 3, layout="zigzag")[0].tolist() == [4, 5, 6, 7, 16, 17, 18, 19]
+    with pytest.raises(ValueError, match="zigzag"):
+        cp.shard(x, 0, 5, layout="zigzag")
