@@ -359,7 +359,8 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
         if not all(c.aligned for r in range(ring.world)
                    for step in _ring_plan(layout, r, ring.world, n, lo, hi, True) for c in step):
             raise _alibi_refused("ring_attention")
-    q, k, v = (contiguous_last(x) for x in (q, k, v))
+    # The ring sends k and v whole: P2P takes contiguous tensors.
+    q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
     out, lse = _RingAttention.apply(q, k, v, ring, plan,
                                      dict(_opts(softmax_scale, softcap), alibi_slopes=alibi_slopes))
     return (out, lse) if return_lse else out

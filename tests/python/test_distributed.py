@@ -173,7 +173,8 @@ def _run_errors(rank, world):
 
 def _worker(rank, world, init_file, seed, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # up to 4 processes share the machine's cores
+    tileattn.set_num_threads(1)
     results = {}
     try:
         for name in CASES:
@@ -250,3 +251,23 @@ def test_shard_unshard_round_trip():
     assert cp.shard(x, 1, 3, layout="zigzag")[0].tolist() == [4, 5, 6, 7, 16, 17, 18, 19]
     with pytest.raises(ValueError, match="zigzag"):
         cp.shard(x, 0, 5, layout="zigzag")
+
+
+def test_benchmark_smoke_run(tmp_path):
+    """bench/context_parallel.py --smoke: the benchmark's whole path on 2 gloo processes, tiny sizes."""
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "context_parallel.py")
+    record = tmp_path / "cp.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          script, "--smoke", "--reps", "1", "--out", str(record)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(record.read_text())["rows"]
+    ours = [r for r in rows if r["impl"] == "tileattn"]
+    assert {(r["gpus"], r["pass"]) for r in ours} == {(p, x) for p in (1, 2) for x in ("fwd", "fwd+bwd")}
+    for r in ours:
+        assert r["grid"] == "context_parallel" and r["ms"] > 0 and r["efficiency"] > 0, r
