@@ -12,7 +12,9 @@ N^2 from the longest sequence that fit one GPU where N did not; the row then nam
 
 Every group of P ranks is ranks 0..P-1; the other ranks wait. The peer runs on the whole world (a
 DeviceMesh of every rank) and on one GPU (plain SDPA). Times are host wall times of whole passes
-(seconds at these lengths), the median over --reps after one warm-up, the slowest rank's.
+(tens of milliseconds to seconds at these lengths), the median over --reps after one warm-up, the
+slowest rank's. On H100s the default grid takes about 5 minutes on 4 GPUs (one GPU's 512k
+forward+backward alone is some 15 s a pass, for ours and for the peer).
 """
 import argparse
 import datetime
@@ -234,7 +236,8 @@ def main():
         for r in rows:
             ms = "n/a" if r["ms"] is None else f"{r['ms']:.2f}"
             tf = "" if r["tflops"] is None else f"{r['tflops']:.1f}"
-            eff = "" if r["efficiency"] is None else f"{r['efficiency']:.3f}" + ("*" if "t1_extrapolated_from" in r else "")
+            eff = "" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
+            eff += "*" if "t1_extrapolated_from" in r else ""
             print(f"{r['impl']:>24} {r['gpus']:>4} {r['seqlen']:>8} {r['pass']:>8} {ms:>10} {tf:>8} {eff:>10}")
         print("efficiency = one GPU's time of the same implementation / (gpus x time); * = one GPU's time "
               "extrapolated as seqlen^2 from the longest that fit; TFLOP/s summed over the GPUs")
