@@ -187,6 +187,9 @@ class _Ring:
     def __init__(self, group):
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise ValueError(f"tileattn.distributed: this process (global rank {dist.get_rank()}) is not a member "
+                             "of the group passed")
         self.world = dist.get_world_size(self.group)
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.world)
         self.prev = dist.get_global_rank(self.group, (self.rank - 1) % self.world)

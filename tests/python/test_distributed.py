@@ -160,6 +160,7 @@ def _run_case(name, rank, world, seed, device):
 def _run_errors(rank, world):
     """Bad calls raise on every rank alike (none is left waiting on the others)."""
     q = torch.zeros(1, LOCAL, HEADS, HDIM)
+    first = dist.new_group([0])  # every rank creates it; ranks other than 0 are not members
     results = {}
     calls = {
         "layout": lambda: cp.ring_attention(q, q, q, layout="striped"),
@@ -169,6 +170,7 @@ def _run_errors(rank, world):
         "cu_seqlens": lambda: cp.all_gather_attention(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 9, 4],
                                                                                              dtype=torch.int32)),
         "shapes": lambda: cp.ring_attention(q, q[:, :4], q),
+        "group": lambda: cp.ring_attention(q, q, q, group=first),
     }
     for name, call in calls.items():
         try:
@@ -254,6 +256,7 @@ def test_bad_calls_raise_on_every_rank(runs, world):
         assert e["zigzag-odd"].startswith("ValueError") and "zigzag" in e["zigzag-odd"]
         assert e["cu_seqlens"].startswith("ValueError") and "cu_seqlens" in e["cu_seqlens"]
         assert e["shapes"].startswith("ValueError"), e["shapes"]
+        assert e["group"] == "no error" if rank == 0 else "not a member" in e["group"], e["group"]
         if world > 1:
             assert e["alibi-ring"].startswith("NotImplementedError"), e["alibi-ring"]
             assert e["alibi-gather-noncausal"].startswith("NotImplementedError"), e["alibi-gather-noncausal"]
