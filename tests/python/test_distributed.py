@@ -294,3 +294,83 @@ def test_benchmark_smoke_run(tmp_path):
     assert {(r["gpus"], r["pass"]) for r in ours} == {(p, x) for p in (1, 2) for x in ("fwd", "fwd+bwd")}
     for r in ours:
         assert r["grid"] == "context_parallel" and r["ms"] > 0 and r["efficiency"] > 0, r
+
+
+def test_block_calls_reproduce_the_global_mask():
+    """Every (query chunk, key chunk) call, read as the kernels read it (bottom-right window over its
+    box), sees exactly the pairs the global band allows, and the ring's per-step plans cover each
+    visible pair once."""
+    def visible(gi, gj, lo, hi):
+        return (lo is None or gj - gi >= lo) and (hi is None or gj - gi <= hi)
+
+    def library_sees(c, i, j):  # tileattn's Mask, bottom-right, for the call's box
+        nq, nk = c.q1 - c.q0, c.k1 - c.k0
+        if not (c.q0 <= i < c.q1 and c.k0 <= j < c.k1):
+            return False
+        d = (j - c.k0) - (i - c.q0)
+        return (c.window_left < 0 or d >= nk - nq - c.window_left) and \
+               (c.window_right < 0 or d <= nk - nq + c.window_right)
+
+    bands = [(None, None), (None, 0), (-2, 0), (-5, 0), (-1, 3), (-3, 2), (None, 4), (-7, None), (0, 0)]
+    for world in (1, 2, 3, 4):
+        for layout in cp.LAYOUTS:
+            for n in (2, 6, 10):
+                if n * world % (world if layout == "contiguous" else 2 * world):
+                    continue
+                for lo, hi in bands:
+                    for alibi in (False, True):
+                        for rank in range(world):
+                            mine = cp._chunks(layout, rank, world, n)
+                            pos_q = {c.local + i: c.pos + i for c in mine for i in range(c.n)}
+                            seen = {}
+                            for step, calls in enumerate(cp._ring_plan(layout, rank, world, n, lo, hi, alibi)):
+                                theirs = cp._chunks(layout, (rank - step) % world, world, n)
+                                pos_k = {c.local + j: c.pos + j for c in theirs for j in range(c.n)}
+                                for c in calls:
+                                    for i in range(n):
+                                        for j in range(n):
+                                            if library_sees(c, i, j):
+                                                key = (pos_q[i], pos_k[j])
+                                                assert key not in seen, (world, layout, n, lo, hi, rank, c, key)
+                                                seen[key] = c
+                                    if alibi and c.aligned:  # the box's bottom-right corner is the global diagonal
+                                        assert pos_q[c.q1 - 1] == pos_k[c.k1 - 1]
+                            want = {(gi, gj) for gi in pos_q.values() for gj in range(n * world)
+                                    if visible(gi, gj, lo, hi)}
+                            assert set(seen) == want, (world, layout, n, lo, hi, rank)
+
+
+def test_varlen_groups_reproduce_the_document_masks():
+    """all_gather_attention's varlen calls, read as the kernels read them (each packed sequence's rows
+    against its keys, bottom-right window), see exactly each document's band, each pair once."""
+    gen = torch.Generator().manual_seed(0)
+    for world in (1, 2, 3):
+        for layout in cp.LAYOUTS:
+            n = 8
+            total = n * world
+            for lo, hi in [(None, None), (None, 0), (-3, 0), (-2, 1), (None, 2)]:
+                cu = _documents(total, gen)
+                docs = list(zip(cu, cu[1:]))
+                doc_of = {t: d for d, (s, e) in enumerate(docs) for t in range(s, e)}
+                for rank in range(world):
+                    chunks = cp._chunks(layout, rank, world, n)
+                    pos_q = {c.local + i: c.pos + i for c in chunks for i in range(c.n)}
+                    seen = set()
+                    for group in cp._gather_plan(chunks, docs, lo, hi):
+                        g = cp._Varlen(group, n, total, None, "cpu")
+                        cu_q, cu_k = g.args["cu_seqlens_q"].tolist(), g.args["cu_seqlens_k"].tolist()
+                        wl, wr = g.args["window_left"], g.args["window_right"]
+                        assert cu_q[-1] == n and cu_k[-1] == total
+                        for s in range(len(cu_q) - 1):
+                            nq, nk = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+                            for i in range(nq):
+                                for j in range(nk):
+                                    d = j - i
+                                    if (wl < 0 or d >= nk - nq - wl) and (wr < 0 or d <= nk - nq + wr):
+                                        key = (pos_q[cu_q[s] + i], cu_k[s] + j)
+                                        assert key not in seen, (world, layout, lo, hi, rank, key)
+                                        seen.add(key)
+                    want = {(gi, gj) for gi in pos_q.values() for gj in range(total)
+                            if gi in doc_of and doc_of.get(gj) == doc_of[gi]
+                            and (lo is None or gj - gi >= lo) and (hi is None or gj - gi <= hi)}
+                    assert seen == want, (world, layout, lo, hi, rank, cu)
