@@ -7,7 +7,7 @@ context_parallel on SDPA as a peer in the same run. Writes DESIGN.md's record wi
 N^2 from the longest sequence that fit one GPU where N did not; the row then names that length).
 
     torchrun --nproc-per-node 4 bench/context_parallel.py --out RECORD.json [--seqlens 131072,262144,524288]
-        [--gpus 1,2,4] [--reps 3] [--no-peer] [--commit SHA]
+        [--gpus 1,2,4] [--reps 3] [--no-peer] [--all-gather] [--commit SHA]
     torchrun --nproc-per-node 2 bench/context_parallel.py --smoke    # CPU, gloo, tiny sizes: the path only
 
 Every group of P ranks is ranks 0..P-1; the other ranks wait. The peer runs on the whole world (a
@@ -40,6 +40,8 @@ def parse():
     ap.add_argument("--gpus", help="group sizes to time (default: 1, 2, 4, ... up to the world size)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip PyTorch's context_parallel")
+    ap.add_argument("--all-gather", action="store_true", help="also time all_gather_attention (impl "
+                    "tileattn-allgather) on more than one GPU")
     ap.add_argument("--commit", default=os.environ.get("TILEATTN_COMMIT", "unknown"))
     ap.add_argument("--smoke", action="store_true", help="CPU tensors over gloo, tiny sizes, fp32")
     return ap.parse_args()
@@ -111,8 +113,9 @@ def passes(call, q, k, v, dout):
     return {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
 
-def ours(setup, group, p, n, reps):
-    """tileattn on p ranks: the local call on one, ring_attention (zigzag) on more."""
+def ours(setup, group, p, n, reps, variant="ring"):
+    """tileattn on p ranks: the local call on one, ring_attention or all_gather_attention (zigzag) on
+    more."""
     if setup.rank >= p:
         return {}
     q, k, v, dout = setup.inputs(n)
@@ -122,8 +125,10 @@ def ours(setup, group, p, n, reps):
     else:
         q, k, v, dout = (cp.shard(x, setup.rank, p, layout="zigzag") for x in (q, k, v, dout))
 
+        attention = cp.ring_attention if variant == "ring" else cp.all_gather_attention
+
         def call(q, k, v):
-            return cp.ring_attention(q, k, v, group, causal=True, layout="zigzag")
+            return attention(q, k, v, group, causal=True, layout="zigzag")
     q, k, v = (x.contiguous().requires_grad_() for x in (q, k, v))
     out = {name: timed(setup, group, fn, reps) for name, fn in passes(call, q, k, v, dout.contiguous()).items()}
     return out
@@ -178,7 +183,7 @@ def flops(n, fwd_bwd, setup):
 def efficiency(rows):
     """Fills each row's efficiency from the same impl's one-GPU row (impl families: ours, the peer)."""
     def family(r):
-        return "tileattn" if r["impl"] == "tileattn" else "peer"
+        return "tileattn" if r["impl"].startswith("tileattn") else "peer"
 
     for r in rows:
         ones = sorted((x for x in rows if x["gpus"] == 1 and family(x) == family(r) and x["pass"] == r["pass"]
@@ -218,6 +223,11 @@ def main():
             dist.barrier()
             if setup.rank == 0:
                 add("tileattn", p, n, times)
+            if args.all_gather and p > 1:
+                times = ours(setup, groups[p], p, n, args.reps, "all_gather")
+                dist.barrier()
+                if setup.rank == 0:
+                    add("tileattn-allgather", p, n, times)
         for p in peers:
             times, impl = peer(setup, groups[p], p, n, args.reps)
             dist.barrier()

@@ -286,13 +286,15 @@ def test_benchmark_smoke_run(tmp_path):
     record = tmp_path / "cp.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          script, "--smoke", "--reps", "1", "--out", str(record)],
+                          script, "--smoke", "--reps", "1", "--all-gather", "--out", str(record)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(record.read_text())["rows"]
     ours = [r for r in rows if r["impl"] == "tileattn"]
     assert {(r["gpus"], r["pass"]) for r in ours} == {(p, x) for p in (1, 2) for x in ("fwd", "fwd+bwd")}
-    for r in ours:
+    gathered = [r for r in rows if r["impl"] == "tileattn-allgather"]
+    assert {(r["gpus"], r["pass"]) for r in gathered} == {(2, x) for x in ("fwd", "fwd+bwd")}
+    for r in ours + gathered:
         assert r["grid"] == "context_parallel" and r["ms"] > 0 and r["efficiency"] > 0, r
 
 
