@@ -7,7 +7,7 @@ context_parallel on SDPA as a peer in the same run. Writes DESIGN.md's record wi
 N^2 from the longest sequence that fit one GPU where N did not; the row then names that length).
 
     torchrun --nproc-per-node 4 bench/context_parallel.py --out RECORD.json [--seqlens 131072,262144,524288]
-        [--gpus 1,2,4] [--reps 3] [--no-peer] [--all-gather] [--commit SHA]
+        [--gpus 1,2,4] [--reps 3] [--no-peer] [--peer-rotate allgather|alltoall] [--all-gather] [--commit SHA]
     torchrun --nproc-per-node 2 bench/context_parallel.py --smoke    # CPU, gloo, tiny sizes: the path only
 
 Every group of P ranks is ranks 0..P-1; the other ranks wait. The peer runs on the whole world (a
@@ -40,6 +40,8 @@ def parse():
     ap.add_argument("--gpus", help="group sizes to time (default: 1, 2, 4, ... up to the world size)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip PyTorch's context_parallel")
+    ap.add_argument("--peer-rotate", choices=("allgather", "alltoall"), default="allgather",
+                    help="how PyTorch's context_parallel passes K/V shards (its default: allgather)")
     ap.add_argument("--all-gather", action="store_true", help="also time all_gather_attention (impl "
                     "tileattn-allgather) on more than one GPU")
     ap.add_argument("--commit", default=os.environ.get("TILEATTN_COMMIT", "unknown"))
@@ -164,6 +166,8 @@ def _peer_passes(setup, group, p, reps, q, k, v, dout, gqa):
         return {name: timed(setup, group, fn, reps) for name, fn in fns.items()}
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    set_rotate_method(setup.peer_rotate)
     mesh = init_device_mesh(setup.device.type, (p,))
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
     bufs = [q, k, v, dout]
@@ -201,6 +205,7 @@ def efficiency(rows):
 def main():
     args = parse()
     setup = Setup(args.smoke)
+    setup.peer_rotate = args.peer_rotate
     seqlens = [64, 96] if args.smoke else [int(s) for s in args.seqlens.split(",")]
     sizes = [int(s) for s in args.gpus.split(",")] if args.gpus else \
         [p for p in (2 ** i for i in range(8)) if p <= setup.world]
@@ -209,13 +214,14 @@ def main():
     groups = {p: dist.new_group(list(range(p))) for p in sorted(set(sizes) | set(peers))}
     rows = []
 
-    def add(impl, p, n, times):
+    def add(impl, p, n, times, **extra):
         for name, ms in times.items():
-            rows.append(dict(grid="context_parallel", impl=impl, dtype="fp32" if args.smoke else "bf16", batch=1,
-                             seqlen_q=n, seqlen_k=n, heads_q=setup.heads_q, heads_kv=setup.heads_kv, hdim=setup.hdim,
-                             causal=True, page_size=None, gpus=p, seqlen=n, layout="zigzag" if p > 1 else None,
-                             ms=ms, tflops=None if ms is None else flops(n, name == "fwd+bwd", setup) / ms / 1e9,
-                             tbps=None, efficiency=None, **{"pass": name}))
+            row = dict(grid="context_parallel", impl=impl, dtype="fp32" if args.smoke else "bf16", batch=1,
+                       seqlen_q=n, seqlen_k=n, heads_q=setup.heads_q, heads_kv=setup.heads_kv, hdim=setup.hdim,
+                       causal=True, page_size=None, gpus=p, seqlen=n, layout="zigzag" if p > 1 else None, ms=ms,
+                       tflops=None if ms is None else flops(n, name == "fwd+bwd", setup) / ms / 1e9, tbps=None,
+                       efficiency=None, **{"pass": name})
+            rows.append(dict(row, **extra))
 
     for n in seqlens:
         for p in sizes:
@@ -232,7 +238,7 @@ def main():
             times, impl = peer(setup, groups[p], p, n, args.reps)
             dist.barrier()
             if setup.rank == 0 and impl:
-                add(impl, p, n, times)
+                add(impl, p, n, times, **({"peer_rotate": args.peer_rotate} if p > 1 else {}))
     if setup.rank == 0:
         efficiency(rows)
         name = torch.cuda.get_device_name() if setup.cuda else "cpu (gloo smoke run)"
