@@ -215,36 +215,70 @@ class _Pending:
 
 
 class _Partials:
-    """One rank's output merged over key blocks by log-sum-exp with the library's combine, in fp32."""
+    """One rank's output merged over key blocks by log-sum-exp with the library's combine, in fp32.
+
+    Three fp32 slots: a row range's merged state sits in one, an arriving block is copied into the
+    next and the combine writes the third, so no merge copies its state back (per output element a
+    merge moves the block in and reads two slots and writes one). The state's slot is kept per row
+    range, since a block may cover only some rows (zigzag steps cover all rows or the second chunk)."""
 
     def __init__(self, q, v, backend):
         b, n, h = q.shape[:3]
         self.shape, self.device, self.backend = (b, n, h, v.shape[-1]), q.device, backend
-        self.out = self.lse = None  # the first whole-rows block is kept as it came
+        self.first = None  # the first whole-rows block, as it came, while it is the only one
+        self.slots = self.lses = None
+        self.where = []  # [(r0, r1, slot)]: where the state of rows [r0, r1) sits, covering every row
+
+    def _start(self):
+        b, n, h, d = self.shape
+        self.slots = torch.empty((3, b, n, h, d), dtype=torch.float32, device=self.device)
+        self.lses = torch.empty((3, b, h, n), dtype=torch.float32, device=self.device)
+        if self.first is None:
+            self.slots[0].zero_()
+            self.lses[0].fill_(float("-inf"))
+        else:
+            self.slots[0].copy_(self.first[0])
+            self.lses[0].copy_(self.first[1])
+            self.first = None
+        self.where = [(0, n, 0)]
 
     def add(self, r0, r1, out, lse):
-        n = self.shape[1]
-        if self.out is None and (r0, r1) == (0, n):
-            self.out, self.lse = out, lse
+        if self.slots is None and self.first is None and (r0, r1) == (0, self.shape[1]):
+            self.first = (out, lse)
             return
-        if self.out is None:
-            self.out = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
-            self.lse = torch.full((self.shape[0], self.shape[2], n), float("-inf"), device=self.device)
-        elif self.out.dtype != torch.float32:
-            self.out = self.out.float()
-        rows = slice(r0, r1)
-        parts = torch.empty((2,) + tuple(out.shape), dtype=torch.float32, device=self.device)
-        parts[0].copy_(self.out[:, rows])
-        parts[1].copy_(out)
-        lses = torch.stack([self.lse[..., rows], lse])
-        _, merged = _functional.combine(parts, lses, out=self.out[:, rows], backend=self.backend)
-        self.lse[..., rows] = merged
+        if self.slots is None:
+            self._start()
+        where = []
+        for a, b, s in self.where:
+            p0, p1 = max(a, r0), min(b, r1)
+            if p0 >= p1:
+                where.append((a, b, s))
+                continue
+            blk, dst = (s + 1) % 3, (s + 2) % 3
+            rows, src = slice(p0, p1), slice(p0 - r0, p1 - r0)
+            self.slots[blk, :, rows].copy_(out[:, src])
+            self.lses[blk, :, :, rows].copy_(lse[..., src])
+            lo, hi = min(s, blk), max(s, blk)
+            pair = slice(lo, hi + 1, hi - lo)  # slots s and blk as one strided view
+            _, merged = _functional.combine(self.slots[pair, :, rows], self.lses[pair, :, :, rows],
+                                            out=self.slots[dst, :, rows], backend=self.backend)
+            self.lses[dst, :, :, rows] = merged
+            where += [x for x in ((a, p0, s), (p0, p1, dst), (p1, b, s)) if x[0] < x[1]]
+        self.where = where
 
     def result(self, dtype):
-        if self.out is None:  # no query sees any key
+        b, n, h, d = self.shape
+        if self.first is not None:
+            return self.first
+        if self.slots is None:  # no query sees any key
             return (torch.zeros(self.shape, dtype=dtype, device=self.device),
-                    torch.full((self.shape[0], self.shape[2], self.shape[1]), float("-inf"), device=self.device))
-        return self.out.to(dtype), self.lse
+                    torch.full((b, h, n), float("-inf"), device=self.device))
+        out = torch.empty(self.shape, dtype=dtype, device=self.device)
+        lse = torch.empty((b, h, n), dtype=torch.float32, device=self.device)
+        for r0, r1, s in self.where:
+            out[:, r0:r1].copy_(self.slots[s, :, r0:r1])
+            lse[..., r0:r1].copy_(self.lses[s, :, :, r0:r1])
+        return out, lse
 
 
 def _rows(x, c):

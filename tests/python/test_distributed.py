@@ -376,3 +376,32 @@ def test_varlen_groups_reproduce_the_document_masks():
                             if gi in doc_of and doc_of.get(gj) == doc_of[gi]
                             and (lo is None or gj - gi >= lo) and (hi is None or gj - gi <= hi)}
                     assert seen == want, (world, layout, lo, hi, rank, cu)
+
+
+def test_partials_merge_any_row_ranges():
+    """The forward's merge over blocks of arbitrary row ranges (some rows never covered, some blocks
+    with rows that see no key) equals the log-sum-exp merge done at once."""
+    gen = torch.Generator().manual_seed(1)
+    b, n, h, d = 2, 9, 3, 8
+    q, v = torch.zeros(b, n, h, d), torch.zeros(b, n, h, d)
+    for trial in range(20):
+        acc = cp._Partials(q, v, "cpu_flash")
+        outs = torch.zeros(0, b, n, h, d)
+        lses = torch.full((0, b, h, n), float("-inf"))
+        for _ in range(int(torch.randint(1, 6, (), generator=gen))):
+            r0 = int(torch.randint(0, n, (), generator=gen)) if trial % 3 else 0
+            r1 = int(torch.randint(r0 + 1, n + 1, (), generator=gen)) if trial % 3 else n
+            out = torch.randn(b, r1 - r0, h, d, generator=gen)
+            lse = torch.randn(b, h, r1 - r0, generator=gen)
+            lse[lse < -1.0] = float("-inf")
+            out.masked_fill_(torch.isinf(lse).transpose(1, 2)[..., None], 0.0)  # the kernels' rows without keys
+            acc.add(r0, r1, out, lse)
+            full_out, full_lse = torch.zeros(1, b, n, h, d), torch.full((1, b, h, n), float("-inf"))
+            full_out[0, :, r0:r1], full_lse[0, ..., r0:r1] = out, lse
+            outs, lses = torch.cat([outs, full_out]), torch.cat([lses, full_lse])
+        got_out, got_lse = acc.result(torch.float32)
+        want_lse = torch.logsumexp(lses, 0)
+        w = torch.exp(lses - want_lse).nan_to_num(0.0)  # rows without any key: weight 0
+        want_out = (w.permute(0, 1, 3, 2)[..., None] * outs).sum(0)
+        torch.testing.assert_close(got_lse, want_lse)
+        torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
