@@ -34,7 +34,7 @@ struct BwdTraitsSm90 {
   static constexpr bool kSplitD = kHeadDim > 128;
   static constexpr int kWarpGroups = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = kWarpGroups * 128;
-  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0 && (!kSplitD || kBlockN == 64));
+  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0 && (!kSplitD || kBlockN == 64));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
   using SplitCols = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
@@ -60,10 +60,17 @@ struct BwdTraitsSm90 {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       SplitCols{}));
 
-  using Atom = GMMA::Layout_K_SW128_Atom<Element>;
+  // Q, dO, K, V in 128-byte swizzle atoms (64 columns) at head dims 64, 128, 256. At 192 and 96 a
+  // warpgroup's slice of the head dim (96, 48 columns: dK's and dV's where split, dQ's) starts on
+  // an atom only with 64-byte atoms (32 columns) at 192 and 32-byte ones (16 columns) at 96.
+  static constexpr int kAtomCols = kHeadDim == 96 ? 16 : kHeadDim == 192 ? 32 : 64;
+  using Atom = std::conditional_t<
+      kAtomCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<kAtomCols == 32, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using AtomP = GMMA::Layout_K_SW128_Atom<Element>;  // P^T, dS^T: 64 query columns
   using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));  // Q, dO
   using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));     // K, V
-  using SmemLayoutdSt = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  using SmemLayoutdSt = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKt =
@@ -71,8 +78,9 @@ struct BwdTraitsSm90 {
   using SmemLayoutdS =
       decltype(composition(SmemLayoutdSt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));
 
-  using GmemLoad = typename GmemCopies<Element, kThreads, 64>::Load;
-  using GmemStore = typename GmemCopies<Element, kThreads, 64>::Store;
+  static constexpr int kGmemChunk = kHeadDim % 64 == 0 ? 64 : 32;  // columns a row of threads copies
+  using GmemLoad = typename GmemCopies<Element, kThreads, kGmemChunk>::Load;
+  using GmemStore = typename GmemCopies<Element, kThreads, kGmemChunk>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
@@ -125,9 +133,6 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
 template <class T, bool kMods, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
   static_assert(!kDeterministic || T::kBulkDq);
-  // Without dropout P^T is final once formed, so dV's product starts while dP^T finishes and dS^T
-  // forms (dropout scales P^T together with dS^T).
-  constexpr bool kEarlyDv = !T::kSplitD && !kMods;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
@@ -230,21 +235,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
     if (kDeterministic && tid == 0 && passing != nullptr) turn_pass(passing);
     TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
     Tensor dsc = make_tensor<float>(shape(s_rc));
-    Tensor rPt = make_tensor<Element>(acc_s.layout());
-    Tensor rdSt = make_tensor<Element>(acc_dp.layout());
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
     scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, cols);
-    if constexpr (kEarlyDv) {
-      rPt = convert<Element>(acc_s);
-      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
-      warpgroup_wait<1>();  // dP^T is done; dV runs on
-    } else {
-      warpgroup_wait<0>();
-    }
+    warpgroup_wait<0>();
     dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, cols);
 
-    if constexpr (!kEarlyDv) rPt = convert<Element>(acc_s);
-    rdSt = convert<Element>(acc_dp);
+    Tensor rPt = convert<Element>(acc_s);
+    Tensor rdSt = convert<Element>(acc_dp);
     if constexpr (T::kSplitD) {
       copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
       copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
@@ -253,8 +250,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
       gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
     } else {
-      if constexpr (!kEarlyDv)
-        gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
       copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
       cutlass::arch::fence_view_async_shared();

@@ -26,12 +26,13 @@ template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64,
 template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
 
 // Hopper: 64-row query tiles; 128-key tiles (64 keys per warpgroup) up to head dim 128 as
-// FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond. Head dims 96
-// and 192 (whose halves are not whole 64-column swizzle atoms for the transposed operands), and the
-// deterministic mode beyond head dim 128, run the portable kernels.
+// FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond. The
+// deterministic mode beyond head dim 128 runs the portable kernels.
 template <class E, int D> struct BwdConfigSm90 { using type = void; };
 template <class E> struct BwdConfigSm90<E, 64> { using type = BwdTraitsSm90<E, 64, 64, 128>; };
+template <class E> struct BwdConfigSm90<E, 96> { using type = BwdTraitsSm90<E, 96, 64, 128>; };
 template <class E> struct BwdConfigSm90<E, 128> { using type = BwdTraitsSm90<E, 128, 64, 128>; };
+template <class E> struct BwdConfigSm90<E, 192> { using type = BwdTraitsSm90<E, 192, 64, 64>; };
 template <class E> struct BwdConfigSm90<E, 256> { using type = BwdTraitsSm90<E, 256, 64, 64>; };
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
