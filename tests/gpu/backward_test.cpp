@@ -192,7 +192,7 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseReproducible) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (int d : {64, 128, 256}) {
+  for (int d : {64, 96, 128, 192, 256}) {
     Case c = base_case(DType::bf16, 517, 1771, d);
     c.heads_q = 8;
     c.heads_kv = d == 128 ? 2 : 8;
