@@ -181,8 +181,6 @@ void check_options(const char* fn, const Options& o, Problem& p) {
     fail(fn, "options.dropout_p = ", o.dropout_p, ", expected 0 <= p < 1");
   p.dropout_p = o.dropout_p;
   if (o.num_splits < 0) fail(fn, "options.num_splits = ", o.num_splits, ", expected >= 0 (0 = heuristic)");
-  if (o.workspace_bytes > 0 && o.workspace == nullptr)
-    fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
 }
 
 void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem& p) {
@@ -382,6 +380,8 @@ struct Named {
 
 void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs,
                             const Options& o) {
+  if (o.workspace_bytes > 0 && o.workspace == nullptr)
+    fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
   if (o.workspace != nullptr && o.workspace_bytes > 0) {
     const auto addr = reinterpret_cast<std::uintptr_t>(o.workspace);
     if (o.workspace_bytes > static_cast<std::size_t>(kMaxExtentBytes) || addr + o.workspace_bytes < addr)
@@ -588,9 +588,9 @@ Problem validate(const DecodeArgs& a) {
     check_same_device(fn, "rotary_cos", a.rotary_cos, dev);
     check_same_device(fn, "rotary_sin", a.rotary_sin, dev);
     const std::int64_t positions = a.rotary_cos.shape[0], half = a.rotary_cos.shape[1];
-    check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     if (half < 1 || 2 * half > p.hdim_qk)
       fail(fn, "rotary_cos.shape[1] = ", half, " gives rotary_dim = ", 2 * half, ", expected 2 <= rotary_dim <= head_dim_qk = ", p.hdim_qk);
+    check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     // flash_attn_with_kvcache's rule: query row i sits at cache_seqlens[b] + i when the call is
     // causal or windowed, else every row at cache_seqlens[b]; appended row n at cache_seqlens[b] + n.
     p.rotary_per_row = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
