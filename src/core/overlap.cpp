@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 namespace tileattn {
@@ -89,11 +90,26 @@ bool spans_overlap(const Span& a, const Span& b) {
   return solvable(terms, min_rest, max_rest, 0, delta, budget);
 }
 
+// The first and one-past-last byte a view reaches, as addresses.
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView& v) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(v.dtype));
+  std::int64_t below = 0, above = es;
+  for (int d = 0; d < v.ndim; ++d) {
+    const std::int64_t span = (v.shape[d] - 1) * v.stride[d] * es;
+    (span < 0 ? below : above) += span < 0 ? -span : span;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(v.data);
+  return {base - static_cast<std::uintptr_t>(below), base + static_cast<std::uintptr_t>(above)};
+}
+
 }  // namespace
 
 bool views_overlap(const TensorView& a, const TensorView& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   if (a.device.type != b.device.type || a.device.index != b.device.index) return false;
+  // Buffers apart from each other (the common case) need no more than their byte ranges.
+  const auto ra = byte_range(a), rb = byte_range(b);
+  if (ra.second <= rb.first || rb.second <= ra.first) return false;
   return spans_overlap(span_of(a), span_of(b));
 }
 

@@ -261,7 +261,7 @@ int check_cu_seqlens(const char* fn, const char* name, const TensorView& cu, int
   check_tensor(fn, name, cu, 1);
   check_dtype(fn, name, cu, DType::i32);
   check_same_device(fn, name, cu, dev);
-  check_shape(fn, name, cu, {batch + 1});
+  check_shape(fn, name, cu, {std::int64_t{batch} + 1});
   std::vector<std::int64_t> v;
   if (!host_ints(cu, v)) return static_cast<int>(std::min<std::int64_t>(max_len, total));
   if (v[0] != 0) fail(fn, name, "[0] = ", v[0], ", expected 0");
