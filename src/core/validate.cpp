@@ -5,6 +5,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -74,7 +76,8 @@ void check_tensor(const char* fn, const char* name, const TensorView& t, int ndi
   for (int d = 0; d < ndim && ok; ++d) {
     if (t.shape[d] <= 1 || t.stride[d] == 0) continue;
     const auto step = checked_mul(t.stride[d], static_cast<std::int64_t>(dtype_size(t.dtype)));
-    const auto span = step ? checked_mul(t.shape[d] - 1, *step) : std::nullopt;
+    auto span = step ? checked_mul(t.shape[d] - 1, *step) : std::nullopt;
+    if (span && *span == std::numeric_limits<std::int64_t>::min()) span.reset();  // no magnitude in int64
     const auto sum = span ? checked_add(*span > 0 ? above : below, *span > 0 ? *span : -*span) : std::nullopt;
     ok = sum && *sum <= kMaxExtentBytes;
     if (ok) (*span > 0 ? above : below) = *sum;
@@ -408,7 +411,7 @@ void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs
 
 }  // namespace
 
-Problem validate(const ForwardArgs& a) {
+static Problem validate_forward(const ForwardArgs& a) {
   const char* fn = "forward";
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
@@ -423,7 +426,7 @@ Problem validate(const ForwardArgs& a) {
   return p;
 }
 
-Problem validate(const BackwardArgs& a) {
+static Problem validate_backward(const BackwardArgs& a) {
   const char* fn = "backward";
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
@@ -444,7 +447,7 @@ Problem validate(const BackwardArgs& a) {
   return p;
 }
 
-Problem validate(const DecodeArgs& a) {
+static Problem validate_decode(const DecodeArgs& a) {
   const char* fn = "decode";
   Problem p;
   check_tensor(fn, "q", a.q, 4);
@@ -620,7 +623,7 @@ Problem validate(const DecodeArgs& a) {
   return p;
 }
 
-Problem validate(const CombineArgs& a) {
+static Problem validate_combine(const CombineArgs& a) {
   const char* fn = "combine";
   Problem p;
   check_tensor(fn, "out_partial", a.out_partial, 5);
@@ -657,5 +660,22 @@ Problem validate(const CombineArgs& a) {
 #endif
   return p;
 }
+
+// Validation reads index tensors on the host (cu_seqlens, cache_seqlens, page tables); one whose
+// length is absurd (a stride-0 view of 2^31 entries, say) may not fit in memory. That is reported
+// as tileattn::Error like any bad argument, never as std::bad_alloc.
+template <class Args>
+static Problem guarded(const char* fn, Problem (*check)(const Args&), const Args& a) {
+  try {
+    return check(a);
+  } catch (const std::bad_alloc&) {
+    fail(fn, "out of host memory while checking the arguments (an index tensor too long to read?)");
+  }
+}
+
+Problem validate(const ForwardArgs& a) { return guarded("forward", validate_forward, a); }
+Problem validate(const BackwardArgs& a) { return guarded("backward", validate_backward, a); }
+Problem validate(const DecodeArgs& a) { return guarded("decode", validate_decode, a); }
+Problem validate(const CombineArgs& a) { return guarded("combine", validate_combine, a); }
 
 }  // namespace tileattn

@@ -134,8 +134,13 @@ HWY_INLINE VF Exp2(DF d, VF x) {
 #else
   // The 1.5 * 2^23 shifter rounds to nearest; its sum t also carries n into the exponent below.
   const VF shifter = hn::Set(d, 12582912.f);
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
   // x second: x86's max returns its second operand when either is NaN, so NaN stays NaN.
   x = hn::Max(hn::Set(d, -127.f), x);
+#else
+  // Elsewhere Max may drop a NaN operand: keep it explicitly.
+  x = hn::IfThenElse(hn::IsNaN(x), x, hn::Max(x, hn::Set(d, -127.f)));
+#endif
   const VF t = hn::Add(x, shifter);
   const VF n = hn::Sub(t, shifter);
 #endif
