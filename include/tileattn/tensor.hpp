@@ -30,8 +30,10 @@ struct TensorView {
   bool present() const { return ndim > 0; }
   std::int64_t size(int d) const { return shape[d]; }
   std::int64_t numel() const {
+    // Bounded by kMaxDims so that a view with a bad rank never reads past shape; validation
+    // rejects such views (and element counts that overflow) before anything relies on this.
     std::int64_t n = ndim > 0 ? 1 : 0;
-    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    for (int d = 0; d < ndim && d < kMaxDims; ++d) n *= shape[d];
     return n;
   }
   template <class T>

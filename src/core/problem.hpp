@@ -27,6 +27,9 @@ struct Problem {
   // Decode only.
   bool paged = false;
   int page_size = 0;
+  // The most keys any sequence attends (its cache length plus the appended rows) where the host
+  // holds cache_seqlens, else the capacity: split counts and scratch are bounded by it.
+  int decode_keys = 0;
   int seqlen_new = 0;  // rows appended to the cache before attending
   int rotary_dim = 0;  // 0 = no rotary embedding
   bool rotary_per_row = false;  // query row i at cache length + i (causal or windowed call)

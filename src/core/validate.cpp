@@ -1,14 +1,19 @@
 // The one place every invariant of a call is checked. Each failure throws tileattn::Error naming
 // the call, the argument and the offending values; nothing has been written to any output then.
 #include <algorithm>
+#include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/backends.hpp"
+#include "core/checked.hpp"
 #include "core/overlap.hpp"
 #include "core/problem.hpp"
 #include "tileattn/error.hpp"
@@ -24,26 +29,69 @@ template <class... Ts>
   throw Error(os.str());
 }
 
-std::string shape_str(const TensorView& t) {
+// The rank is checked before any shape is read, so this never reads past the shape array.
+std::string dims_str(const TensorView& t, const std::array<std::int64_t, kMaxDims>& dims) {
   std::ostringstream os;
   os << "[";
-  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
+  for (int d = 0; d < std::clamp(t.ndim, 0, kMaxDims); ++d) os << (d ? ", " : "") << dims[d];
   os << "]";
   return os.str();
 }
+std::string shape_str(const TensorView& t) { return dims_str(t, t.shape); }
 
 const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
 
-// Checks the view itself: present, rank, non-negative shape, contiguous last dim.
+// No tensor may span more than 2^62 bytes: then every sum of two byte offsets of a call, and every
+// difference of two addresses the overlap check forms, fits in int64.
+constexpr std::int64_t kMaxExtentBytes = (std::int64_t{1} << 62) - 1;
+
+// The view itself: present, rank, enums (dtype, device), non-negative shape, an element count and a
+// byte extent that fit (checked arithmetic; the addresses it spans must not wrap around), data
+// where there are elements, a contiguous last dim.
 void check_tensor(const char* fn, const char* name, const TensorView& t, int ndim) {
   if (!t.present()) fail(fn, name, " is required but absent");
+  if (t.ndim < 1 || t.ndim > kMaxDims) fail(fn, name, " has rank ", t.ndim, ", outside [1, ", kMaxDims, "]");
   if (t.ndim != ndim)
     fail(fn, name, " must have ", ndim, " dimensions, got ", t.ndim, " (shape ", shape_str(t), ")");
+  if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::i32))
+    fail(fn, name, ".dtype = ", static_cast<unsigned>(t.dtype), " is not a tileattn::DType");
+  if (static_cast<unsigned>(t.device.type) > static_cast<unsigned>(DeviceType::cuda))
+    fail(fn, name, ".device.type = ", static_cast<unsigned>(t.device.type), " is not a tileattn::DeviceType");
+  if (t.device.index < 0) fail(fn, name, ".device.index = ", t.device.index, " is negative");
   for (int d = 0; d < ndim; ++d)
     if (t.shape[d] < 0) fail(fn, name, ".shape[", d, "] = ", t.shape[d], " is negative");
-  if (t.numel() > 0 && t.data == nullptr) fail(fn, name, " has ", t.numel(), " elements but a null data pointer");
+  std::int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    const auto m = checked_mul(n, t.shape[d]);
+    if (!m) fail(fn, name, " with shape ", shape_str(t), " has more elements than fit in int64");
+    n = *m;
+  }
+  if (n > 0 && t.data == nullptr) fail(fn, name, " has ", n, " elements but a null data pointer");
   if (t.shape[ndim - 1] > 1 && t.stride[ndim - 1] != 1)
     fail(fn, name, ".stride[", ndim - 1, "] = ", t.stride[ndim - 1], ", the last dimension must be contiguous (stride 1)");
+  if (n == 0) return;
+  // Bytes below and above the data pointer that the view reaches.
+  std::int64_t below = 0, above = static_cast<std::int64_t>(dtype_size(t.dtype));
+  bool ok = true;
+  for (int d = 0; d < ndim && ok; ++d) {
+    if (t.shape[d] <= 1 || t.stride[d] == 0) continue;
+    const auto step = checked_mul(t.stride[d], static_cast<std::int64_t>(dtype_size(t.dtype)));
+    auto span = step ? checked_mul(t.shape[d] - 1, *step) : std::nullopt;
+    if (span && *span == std::numeric_limits<std::int64_t>::min()) span.reset();  // no magnitude in int64
+    const auto sum = span ? checked_add(*span > 0 ? above : below, *span > 0 ? *span : -*span) : std::nullopt;
+    ok = sum && *sum <= kMaxExtentBytes;
+    if (ok) (*span > 0 ? above : below) = *sum;
+  }
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
+  if (!ok || below > kMaxExtentBytes - above || addr < static_cast<std::uintptr_t>(below) ||
+      addr + static_cast<std::uintptr_t>(above) < addr)
+    fail(fn, name, " with shape ", shape_str(t), " and strides ", dims_str(t, t.stride),
+         " spans more than 2^62 bytes or wraps around the address space");
+}
+
+// Optional views get the same check when present.
+void check_optional(const char* fn, const char* name, const TensorView& t, int ndim) {
+  if (t.present()) check_tensor(fn, name, t, ndim);
 }
 
 void check_shape(const char* fn, const char* name, const TensorView& t,
@@ -90,6 +138,8 @@ int to_int(const char* fn, const char* name, std::int64_t v) {
 }
 
 Backend resolve_backend(const char* fn, const Options& o, const Device& dev) {
+  if (static_cast<unsigned>(o.backend) > static_cast<unsigned>(Backend::cuda))
+    fail(fn, "options.backend = ", static_cast<unsigned>(o.backend), " is not a tileattn::Backend");
   Backend b = o.backend;
   if (b == Backend::automatic) b = dev.type == DeviceType::cuda ? Backend::cuda : Backend::cpu_flash;
   if (b == Backend::cuda) {
@@ -102,9 +152,17 @@ Backend resolve_backend(const char* fn, const Options& o, const Device& dev) {
 }
 
 // Options common to every call that attends; fills the mask and score fields of p.
+// The kernels fold scale * log2(e) into one fp32 factor (and scale / softcap, softcap * log2(e)
+// with a softcap): each must be a finite fp32 value, or every score would be Inf or NaN.
+bool fp32_finite(double x) { return std::isfinite(x) && std::fabs(x) <= FLT_MAX; }
+
 void check_options(const char* fn, const Options& o, Problem& p) {
   if (o.scale && !std::isfinite(*o.scale)) fail(fn, "options.scale = ", *o.scale, " is not finite");
+  if (o.scale && !fp32_finite(static_cast<double>(*o.scale) * kLog2e))
+    fail(fn, "options.scale = ", *o.scale, ", expected a finite value with |scale| * log2(e) below FLT_MAX");
   p.scale = o.scale ? *o.scale : 1.f / std::sqrt(static_cast<float>(p.hdim_qk));
+  if (static_cast<unsigned>(o.align) > static_cast<unsigned>(MaskAlign::top_left))
+    fail(fn, "options.align = ", static_cast<unsigned>(o.align), " is not a tileattn::MaskAlign");
   if (o.window_left < -1) fail(fn, "options.window_left = ", o.window_left, ", expected -1 (unbounded) or >= 0");
   if (o.window_right < -1) fail(fn, "options.window_right = ", o.window_right, ", expected -1 (unbounded) or >= 0");
   if (o.causal && o.window_right > 0)
@@ -117,17 +175,22 @@ void check_options(const char* fn, const Options& o, Problem& p) {
   p.bottom_right = o.align == MaskAlign::bottom_right;
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     fail(fn, "options.softcap = ", o.softcap, ", expected a finite value >= 0 (0 = off)");
+  if (o.softcap > 0.f && !(fp32_finite(p.scale / static_cast<double>(o.softcap)) &&
+                           fp32_finite(static_cast<double>(o.softcap) * kLog2e)))
+    fail(fn, "options.softcap = ", o.softcap, " with scale ", p.scale,
+         ": scale / softcap and softcap * log2(e) must be finite fp32 values");
   p.softcap = o.softcap;
   if (!(o.dropout_p >= 0.f && o.dropout_p < 1.f))
     fail(fn, "options.dropout_p = ", o.dropout_p, ", expected 0 <= p < 1");
   p.dropout_p = o.dropout_p;
   if (o.num_splits < 0) fail(fn, "options.num_splits = ", o.num_splits, ", expected >= 0 (0 = heuristic)");
-  if (o.workspace_bytes > 0 && o.workspace == nullptr)
-    fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
 }
 
 void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem& p) {
   if (!s.present()) return;
+  if (s.ndim < 1 || s.ndim > 2)
+    fail(fn, "alibi_slopes must be [heads_q] or [batch, heads_q], got shape ", shape_str(s));
+  check_tensor(fn, "alibi_slopes", s, s.ndim);
   check_dtype(fn, "alibi_slopes", s, DType::f32);
   check_same_device(fn, "alibi_slopes", s, dev);
   if (s.ndim == 1) {
@@ -138,7 +201,19 @@ void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem
   } else {
     fail(fn, "alibi_slopes must be [heads_q] or [batch, heads_q], got shape ", shape_str(s));
   }
-  if (s.numel() > 0 && s.data == nullptr) fail(fn, "alibi_slopes has a null data pointer");
+  // Host slopes are read here: a slope times the longest distance, in log2 units, must stay a
+  // finite fp32 value. Device slopes are trusted (reading them would synchronize).
+  if (s.device.type == DeviceType::cpu) {
+    const double reach = std::max({p.seqlen_q, p.seqlen_k, 1});
+    const std::int64_t rows = s.ndim == 2 ? s.shape[0] : 1, cols = s.shape[s.ndim - 1];
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const float v = s.ptr<const float>()[(s.ndim == 2 ? r * s.stride[0] : 0) + c * s.stride[s.ndim - 1]];
+        if (!fp32_finite(static_cast<double>(v) * kLog2e * reach))
+          fail(fn, "alibi_slopes[", s.ndim == 2 ? std::to_string(r) + ", " : "", c, "] = ", v,
+               ", expected a finite slope with |slope| * log2(e) * ", reach, " (the longest distance) below FLT_MAX");
+      }
+  }
   p.has_alibi = true;
 }
 
@@ -181,21 +256,35 @@ void check_append_pages(const char* fn, const std::vector<std::int64_t>& pt, std
   }
 }
 
-void check_cu_seqlens(const char* fn, const char* name, const TensorView& cu, int batch,
-                      std::int64_t total, int max_len, const char* max_name, const Device& dev) {
+// Returns the longest sequence: read from host offsets, else bounded by max_len and the packed
+// token count (no sequence is longer than all of them), so that a loose max_seqlen never sizes
+// tiles or scratch.
+int check_cu_seqlens(const char* fn, const char* name, const TensorView& cu, int batch,
+                     std::int64_t total, int max_len, const char* max_name, const Device& dev) {
   check_tensor(fn, name, cu, 1);
   check_dtype(fn, name, cu, DType::i32);
   check_same_device(fn, name, cu, dev);
-  check_shape(fn, name, cu, {batch + 1});
+  check_shape(fn, name, cu, {std::int64_t{batch} + 1});
   std::vector<std::int64_t> v;
-  if (!host_ints(cu, v)) return;
+  if (!host_ints(cu, v)) return static_cast<int>(std::min<std::int64_t>(max_len, total));
   if (v[0] != 0) fail(fn, name, "[0] = ", v[0], ", expected 0");
+  std::int64_t longest = 0;
   for (int b = 0; b < batch; ++b) {
     std::int64_t len = v[b + 1] - v[b];
+    longest = std::max(longest, len);
     if (len < 0) fail(fn, name, " must be non-decreasing, but ", name, "[", b + 1, "] = ", v[b + 1], " < ", name, "[", b, "] = ", v[b]);
     if (len > max_len) fail(fn, "sequence ", b, " has length ", len, " (from ", name, ") but ", max_name, " = ", max_len);
   }
   if (v[batch] > total) fail(fn, name, "[", batch, "] = ", v[batch], " exceeds the ", total, " packed tokens");
+  return static_cast<int>(longest);
+}
+
+// Rows per sequence the kernels index: Mask adds a row, the key offset and a window in int, and
+// each is below this bound, so their sum stays below 2^31.
+constexpr std::int64_t kMaxRows = (std::int64_t{1} << 30) - 1;
+
+void check_rows(const char* fn, const char* name, std::int64_t rows) {
+  if (rows > kMaxRows) fail(fn, name, " = ", rows, " exceeds the 2^30 - 1 rows per sequence the kernels index");
 }
 
 // q, k, v, out (and for the backward dout, dq, dk, dv): shapes, dtypes, devices.
@@ -241,18 +330,17 @@ Problem check_qkv(const char* fn, const Qkv& a, const TensorView& alibi, const O
     if (p.batch < 0) fail(fn, "cu_seqlens_q must hold batch + 1 >= 1 entries, got shape ", shape_str(*a.cu_q));
     if (a.max_q < 0 || a.max_k < 0)
       fail(fn, "max_seqlen_q = ", a.max_q, ", max_seqlen_k = ", a.max_k, ", expected >= 0");
-    p.seqlen_q = a.max_q;
-    p.seqlen_k = a.max_k;
     const std::int64_t tq = a.q->shape[0], tk = a.k->shape[0];
     check_shape(fn, "k", *a.k, {tk, p.heads_kv, p.hdim_qk});
     check_shape(fn, "v", *a.v, {tk, p.heads_kv, p.hdim_v});
     check_shape(fn, "out", *a.out, {tq, p.heads_q, p.hdim_v});
-    check_cu_seqlens(fn, "cu_seqlens_q", *a.cu_q, p.batch, tq, a.max_q, "max_seqlen_q", dev);
-    check_cu_seqlens(fn, "cu_seqlens_k", *a.cu_k, p.batch, tk, a.max_k, "max_seqlen_k", dev);
+    p.seqlen_q = check_cu_seqlens(fn, "cu_seqlens_q", *a.cu_q, p.batch, tq, a.max_q, "max_seqlen_q", dev);
+    p.seqlen_k = check_cu_seqlens(fn, "cu_seqlens_k", *a.cu_k, p.batch, tk, a.max_k, "max_seqlen_k", dev);
     if (a.lse->present()) {
       check_dtype(fn, "lse", *a.lse, DType::f32);
       check_same_device(fn, "lse", *a.lse, dev);
       check_shape(fn, "lse", *a.lse, {p.heads_q, tq});
+      check_tensor(fn, "lse", *a.lse, 2);
     }
   } else {
     p.batch = to_int(fn, "q batch", a.q->shape[0]);
@@ -265,9 +353,11 @@ Problem check_qkv(const char* fn, const Qkv& a, const TensorView& alibi, const O
       check_dtype(fn, "lse", *a.lse, DType::f32);
       check_same_device(fn, "lse", *a.lse, dev);
       check_shape(fn, "lse", *a.lse, {p.batch, p.heads_q, p.seqlen_q});
+      check_tensor(fn, "lse", *a.lse, 3);
     }
   }
-  if (a.lse->present() && a.lse->numel() > 0 && a.lse->data == nullptr) fail(fn, "lse has a null data pointer");
+  check_rows(fn, p.varlen ? "the longest query sequence" : "q seqlen", p.seqlen_q);
+  check_rows(fn, p.varlen ? "the longest key sequence" : "k seqlen", p.seqlen_k);
   check_options(fn, o, p);
   check_alibi(fn, alibi, dev, p);
   return p;
@@ -284,20 +374,31 @@ void check_like(const char* fn, const char* name, const TensorView& t, const cha
 }
 
 // Outputs written by several threads must each own their memory: no output may alias itself,
-// another output, or an input it is computed from.
+// another output, or an input it is computed from; the caller's workspace, which the call writes
+// too, must overlap no tensor of the call.
 struct Named {
   const char* name;
   const TensorView* t;
 };
 
-void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs,
+                            const Options& o) {
+  if (o.workspace_bytes > 0 && o.workspace == nullptr)
+    fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
+  if (o.workspace != nullptr && o.workspace_bytes > 0) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(o.workspace);
+    if (o.workspace_bytes > static_cast<std::size_t>(kMaxExtentBytes) || addr + o.workspace_bytes < addr)
+      fail(fn, "options.workspace_bytes = ", o.workspace_bytes, " from ", o.workspace, " wraps around the address space");
+    for (const auto& list : {outputs, inputs})
+      for (const Named& t : list)
+        if (t.t->present() && range_overlaps(o.workspace, o.workspace_bytes, *t.t))
+          fail(fn, "options.workspace (", o.workspace_bytes, " bytes at ", o.workspace, ") overlaps ", t.name, " in memory");
+  }
   for (const Named& o : outputs) {
     if (!o.t->present()) continue;
-    if (view_self_overlaps(*o.t)) {
-      std::ostringstream st;
-      for (int d = 0; d < o.t->ndim; ++d) st << (d ? ", " : "") << o.t->stride[d];
-      fail(fn, o.name, " with shape ", shape_str(*o.t), " and strides [", st.str(), "] maps several elements to one address");
-    }
+    if (view_self_overlaps(*o.t))
+      fail(fn, o.name, " with shape ", shape_str(*o.t), " and strides ", dims_str(*o.t, o.t->stride),
+           " maps several elements to one address");
   }
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
     if (!o->t->present()) continue;
@@ -310,13 +411,14 @@ void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs
 
 }  // namespace
 
-Problem validate(const ForwardArgs& a) {
+static Problem validate_forward(const ForwardArgs& a) {
   const char* fn = "forward";
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}},
+                         a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
     if (const std::string why = cuda::check_forward(p, a); !why.empty()) fail(fn, why);
@@ -324,7 +426,7 @@ Problem validate(const ForwardArgs& a) {
   return p;
 }
 
-Problem validate(const BackwardArgs& a) {
+static Problem validate_backward(const BackwardArgs& a) {
   const char* fn = "backward";
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
@@ -336,7 +438,8 @@ Problem validate(const BackwardArgs& a) {
   check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
                           {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
-                          {"alibi_slopes", &a.alibi_slopes}});
+                          {"alibi_slopes", &a.alibi_slopes}},
+                         a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
     if (const std::string why = cuda::check_backward(p, a); !why.empty()) fail(fn, why);
@@ -344,13 +447,21 @@ Problem validate(const BackwardArgs& a) {
   return p;
 }
 
-Problem validate(const DecodeArgs& a) {
+static Problem validate_decode(const DecodeArgs& a) {
   const char* fn = "decode";
   Problem p;
   check_tensor(fn, "q", a.q, 4);
   check_tensor(fn, "k_cache", a.k_cache, 4);
   check_tensor(fn, "v_cache", a.v_cache, 4);
   check_tensor(fn, "out", a.out, 4);
+  check_optional(fn, "lse", a.lse, a.lse.ndim);
+  check_optional(fn, "page_table", a.page_table, 2);
+  check_optional(fn, "cache_seqlens", a.cache_seqlens, 1);
+  check_optional(fn, "k_new", a.k_new, 4);
+  check_optional(fn, "v_new", a.v_new, 4);
+  check_optional(fn, "rotary_cos", a.rotary_cos, 2);
+  check_optional(fn, "rotary_sin", a.rotary_sin, 2);
+  check_optional(fn, "alibi_slopes", a.alibi_slopes, a.alibi_slopes.ndim);
   check_float_dtype(fn, "q", a.q);
   p.dtype = a.q.dtype;
   check_dtype(fn, "k_cache", a.k_cache, p.dtype);
@@ -385,8 +496,8 @@ Problem validate(const DecodeArgs& a) {
     check_dtype(fn, "lse", a.lse, DType::f32);
     check_same_device(fn, "lse", a.lse, dev);
     check_shape(fn, "lse", a.lse, {p.batch, p.heads_q, p.seqlen_q});
-    if (a.lse.numel() > 0 && a.lse.data == nullptr) fail(fn, "lse has a null data pointer");
   }
+  check_rows(fn, "q seqlen", p.seqlen_q);
 
   p.paged = a.page_table.present();
   std::int64_t capacity = n1;
@@ -397,13 +508,19 @@ Problem validate(const DecodeArgs& a) {
     if (a.page_table.shape[0] != p.batch)
       fail(fn, "page_table has shape ", shape_str(a.page_table), ", expected ", p.batch, " rows (batch)");
     if (n1 < 1) fail(fn, "k_cache.shape[1] (page_size) = ", n1, ", expected >= 1");
-    p.page_size = static_cast<int>(n1);
-    capacity = a.page_table.shape[1] * n1;
+    p.page_size = to_int(fn, "k_cache.shape[1] (page_size)", n1);
+    const auto pages_times_size = checked_mul(a.page_table.shape[1], n1);
+    if (!pages_times_size)
+      fail(fn, "page_table.shape[1] * page_size = ", a.page_table.shape[1], " * ", n1, " overflows int64");
+    capacity = *pages_times_size;
     if (!a.cache_seqlens.present()) fail(fn, "cache_seqlens is required with a page_table");
   } else if (n0 != p.batch) {
     fail(fn, "k_cache.shape[0] = ", n0, " must equal q.shape[0] (batch) = ", p.batch, " for a contiguous cache");
   }
-  p.seqlen_k = to_int(fn, "cache capacity", capacity);
+  check_rows(fn, p.paged ? "the cache capacity (page_table.shape[1] * page_size)" : "the cache capacity (k_cache.shape[1])",
+             capacity);
+  p.seqlen_k = static_cast<int>(capacity);
+  p.decode_keys = p.seqlen_k;
 
   if (a.k_new.present() || a.v_new.present()) {
     if (!(a.k_new.present() && a.v_new.present()))
@@ -427,19 +544,25 @@ Problem validate(const DecodeArgs& a) {
     check_shape(fn, "cache_seqlens", a.cache_seqlens, {p.batch});
     std::vector<std::int64_t> lens;
     if (host_ints(a.cache_seqlens, lens, a.options.check_device_indices)) {
+      p.decode_keys = 0;
       for (int b = 0; b < p.batch; ++b) {
         if (lens[b] < 0) fail(fn, "cache_seqlens[", b, "] = ", lens[b], " is negative");
         if (lens[b] + p.seqlen_new > capacity)
           fail(fn, "cache_seqlens[", b, "] = ", lens[b], " plus ", p.seqlen_new, " appended rows exceeds the cache capacity of ", capacity,
                p.paged ? " (page_table.shape[1] * page_size)" : " (k_cache.shape[1])");
+        p.decode_keys = std::max(p.decode_keys, static_cast<int>(lens[b] + p.seqlen_new));
       }
       if (p.paged) {
-        // The page table in row-major order, from wherever it lives.
+        // The page table in row-major order, from wherever it lives: on the host only the entries
+        // the call reads (a table's width is a loose bound), the rest -1.
         std::vector<std::int64_t> pt;
+        std::int64_t row = a.page_table.shape[1];
         if (a.page_table.device.type == DeviceType::cpu) {
-          for (std::int64_t b = 0; b < a.page_table.shape[0]; ++b)
-            for (std::int64_t i = 0; i < a.page_table.shape[1]; ++i)
-              pt.push_back(a.page_table.ptr<const std::int32_t>()[b * a.page_table.stride[0] + i * a.page_table.stride[1]]);
+          row = std::min<std::int64_t>(row, (p.decode_keys + n1 - 1) / n1);
+          pt.assign(static_cast<std::size_t>(p.batch) * row, -1);
+          for (int b = 0; b < p.batch; ++b)
+            for (std::int64_t i = 0; i < (lens[b] + p.seqlen_new + n1 - 1) / n1; ++i)
+              pt[b * row + i] = a.page_table.ptr<const std::int32_t>()[b * a.page_table.stride[0] + i * a.page_table.stride[1]];
         } else {
 #if defined(TILEATTN_WITH_CUDA)
           const std::vector<std::int32_t> v = cuda::read_i32(a.page_table);
@@ -449,12 +572,12 @@ Problem validate(const DecodeArgs& a) {
         for (int b = 0; b < p.batch; ++b) {
           const std::int64_t used = (lens[b] + p.seqlen_new + n1 - 1) / n1;
           for (std::int64_t i = 0; i < used; ++i) {
-            const std::int64_t page = pt[b * a.page_table.shape[1] + i];
+            const std::int64_t page = pt[b * row + i];
             if (page < 0 || page >= n0)
               fail(fn, "page_table[", b, ", ", i, "] = ", page, " is outside [0, ", n0, ") (k_cache.shape[0] pages)");
           }
         }
-        if (p.seqlen_new > 0) check_append_pages(fn, pt, a.page_table.shape[1], lens, p.seqlen_new, n1);
+        if (p.seqlen_new > 0) check_append_pages(fn, pt, row, lens, p.seqlen_new, n1);
       }
     }
   }
@@ -468,9 +591,9 @@ Problem validate(const DecodeArgs& a) {
     check_same_device(fn, "rotary_cos", a.rotary_cos, dev);
     check_same_device(fn, "rotary_sin", a.rotary_sin, dev);
     const std::int64_t positions = a.rotary_cos.shape[0], half = a.rotary_cos.shape[1];
-    check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     if (half < 1 || 2 * half > p.hdim_qk)
       fail(fn, "rotary_cos.shape[1] = ", half, " gives rotary_dim = ", 2 * half, ", expected 2 <= rotary_dim <= head_dim_qk = ", p.hdim_qk);
+    check_shape(fn, "rotary_sin", a.rotary_sin, {positions, half});
     // flash_attn_with_kvcache's rule: query row i sits at cache_seqlens[b] + i when the call is
     // causal or windowed, else every row at cache_seqlens[b]; appended row n at cache_seqlens[b] + n.
     p.rotary_per_row = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
@@ -484,14 +607,23 @@ Problem validate(const DecodeArgs& a) {
   if (o.dropout_p != 0.f) fail(fn, "options.dropout_p = ", o.dropout_p, ", decode does not support dropout");
   check_options(fn, o, p);
   check_alibi(fn, a.alibi_slopes, dev, p);
-  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
-                         {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"page_table", &a.page_table},
+  // An append writes the caches: then they are outputs like out and lse.
+  static const TensorView kAbsent{};
+  const bool append = p.seqlen_new > 0;
+  const TensorView& kc_out = append ? a.k_cache : kAbsent;
+  const TensorView& vc_out = append ? a.v_cache : kAbsent;
+  const TensorView& kc_in = append ? kAbsent : a.k_cache;
+  const TensorView& vc_in = append ? kAbsent : a.v_cache;
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}, {"k_cache", &kc_out}, {"v_cache", &vc_out}},
+                         {{"q", &a.q}, {"k_cache", &kc_in}, {"v_cache", &vc_in}, {"page_table", &a.page_table},
                           {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new},
-                          {"alibi_slopes", &a.alibi_slopes}});
+                          {"rotary_cos", &a.rotary_cos}, {"rotary_sin", &a.rotary_sin},
+                          {"alibi_slopes", &a.alibi_slopes}},
+                         a.options);
   return p;
 }
 
-Problem validate(const CombineArgs& a) {
+static Problem validate_combine(const CombineArgs& a) {
   const char* fn = "combine";
   Problem p;
   check_tensor(fn, "out_partial", a.out_partial, 5);
@@ -507,6 +639,7 @@ Problem validate(const CombineArgs& a) {
   p.backend = resolve_backend(fn, a.options, dev);
   const auto& s = a.out_partial.shape;
   if (s[0] < 1) fail(fn, "out_partial.shape[0] (splits) = ", s[0], ", expected >= 1");
+  to_int(fn, "out_partial.shape[0] (splits)", s[0]);
   p.batch = to_int(fn, "batch", s[1]);
   p.seqlen_q = to_int(fn, "seqlen_q", s[2]);
   p.heads_q = p.heads_kv = to_int(fn, "heads", s[3]);
@@ -517,15 +650,32 @@ Problem validate(const CombineArgs& a) {
     check_dtype(fn, "lse", a.lse, DType::f32);
     check_same_device(fn, "lse", a.lse, dev, "out_partial");
     check_shape(fn, "lse", a.lse, {s[1], s[3], s[2]});
-    if (a.lse.numel() > 0 && a.lse.data == nullptr) fail(fn, "lse has a null data pointer");
+    check_tensor(fn, "lse", a.lse, 3);
   }
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
-                         {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}});
+                         {{"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}}, a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
     if (const std::string why = cuda::check_combine(p, a); !why.empty()) fail(fn, why);
 #endif
   return p;
 }
+
+// Validation reads index tensors on the host (cu_seqlens, cache_seqlens, page tables); one whose
+// length is absurd (a stride-0 view of 2^31 entries, say) may not fit in memory. That is reported
+// as tileattn::Error like any bad argument, never as std::bad_alloc.
+template <class Args>
+static Problem guarded(const char* fn, Problem (*check)(const Args&), const Args& a) {
+  try {
+    return check(a);
+  } catch (const std::bad_alloc&) {
+    fail(fn, "out of host memory while checking the arguments (an index tensor too long to read?)");
+  }
+}
+
+Problem validate(const ForwardArgs& a) { return guarded("forward", validate_forward, a); }
+Problem validate(const BackwardArgs& a) { return guarded("backward", validate_backward, a); }
+Problem validate(const DecodeArgs& a) { return guarded("decode", validate_decode, a); }
+Problem validate(const CombineArgs& a) { return guarded("combine", validate_combine, a); }
 
 }  // namespace tileattn

@@ -61,7 +61,8 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const int D = p.hdim_qk, DV = p.hdim_v, Dp = flash::padded(D), DVp = flash::padded(DV);
   const std::int64_t rows_total = flash::total_q_rows(p, a);
-  const std::int64_t tiles_total = flash::backward_query_tiles(p, a);
+  const flash::QueryTiles qtiles = flash::backward_query_tiles(p, a);
+  const std::int64_t tiles_total = qtiles.total;
   const int groups = flash::backward_key_groups(p);
   const std::size_t es = sizeof(T);
   const std::size_t tile_floats = static_cast<std::size_t>(kBr) * flash::backward_tile_floats(p);
@@ -71,18 +72,14 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   auto row_index = [&](int b, const Seq& s, int i) -> std::int64_t {
     return p.varlen ? s.q0 + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
   };
-  // Query tile qb of sequence b: tiles of consecutive sequences never overlap (see
-  // backward_query_tiles).
-  auto tile_index = [&](int b, const Seq& s, int qb) -> std::int64_t {
-    return row_index(b, s, 0) / kBr + b + qb;
-  };
+  auto tile_index = [&](int b, int qb) -> std::int64_t { return qtiles.first(b) + qb; };
   auto part = [&](int g, int h, std::int64_t row) {
     return dQp + ((static_cast<std::int64_t>(g) * p.heads_q + h) * rows_total + row) * Dp;
   };
   auto ptr = [&](const TensorView& t, int b, std::int64_t row, int h) {
     return reinterpret_cast<T*>(static_cast<char*>(t.data) + elem(t, p.varlen, b, row, h) * es);
   };
-  const std::int64_t qblocks = (p.seqlen_q + kBr - 1) / kBr;
+  const std::int64_t qblocks = (static_cast<std::int64_t>(p.seqlen_q) + kBr - 1) / kBr;
   const std::int64_t qtasks = static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks;
   const ScoreMod sm = p.score_mod(0.f);
   const float qscale = query_prescale(sm);
@@ -103,7 +100,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int i0 = qb * kBr;
       if (i0 >= s.sq) continue;
       const int n = std::min(kBr, s.sq - i0);
-      float* base = packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats;
+      float* base = packed + (h * tiles_total + tile_index(b, qb)) * tile_floats;
       std::memset(base, 0, sizeof(float) * tile_floats);
       const QueryTile qt(base, D, DV, on_amx);
       if (on_amx) {
@@ -196,7 +193,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
           for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
             const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
-            const QueryTile qt(packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats, D, DV, on_amx);
+            const QueryTile qt(packed + (h * tiles_total + tile_index(b, qb)) * tile_floats, D, DV, on_amx);
             float* dq = part(grp, h, row_index(b, s, i0));
             rows.reset();
             for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/problem.hpp"
 #include "core/scratch.hpp"
 #include "core/workspace.hpp"
+#include "cpu/tensor_io.hpp"
 
 namespace tileattn::cpu::flash {
 
@@ -76,11 +78,29 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
-// Backward: query tiles of all sequences, numbered row_index(b, 0) / kBr + b + tile. Sequence b's
-// tiles then end at or before sequence b + 1's first, since floor((q0 + n) / kBr) + 1 >=
-// floor(q0 / kBr) + ceil(n / kBr) for n >= 0.
-inline std::int64_t backward_query_tiles(const Problem& p, const BackwardArgs& a) {
-  return total_q_rows(p, a) / kBr + p.batch + 1;
+// Backward: the packed query tiles of all sequences, sequence b's ceil(sq_b / kBr) of them from
+// first(b) on: exactly as many as the real lengths need, none for an empty sequence.
+struct QueryTiles {
+  std::vector<std::int64_t> start;  // varlen: first tile of each sequence (batch + 1 entries)
+  std::int64_t per_seq = 0;         // batched: tiles of every sequence
+  std::int64_t total = 0;
+  std::int64_t first(int b) const { return start.empty() ? b * per_seq : start[b]; }
+};
+
+inline QueryTiles backward_query_tiles(const Problem& p, const BackwardArgs& a) {
+  QueryTiles t;
+  if (!p.varlen) {
+    t.per_seq = (static_cast<std::int64_t>(p.seqlen_q) + kBr - 1) / kBr;
+    t.total = t.per_seq * p.batch;
+    return t;
+  }
+  t.start.resize(static_cast<std::size_t>(p.batch) + 1, 0);
+  for (int b = 0; b < p.batch; ++b) {
+    const std::int64_t sq = load_i32(a.cu_seqlens_q, b + 1) - load_i32(a.cu_seqlens_q, b);
+    t.start[b + 1] = t.start[b] + (sq + kBr - 1) / kBr;
+  }
+  t.total = t.start[p.batch];
+  return t;
 }
 
 // Backward: floats per query row of a packed tile: Q^T, dO^T, Q and dO padded, LSE and D.
@@ -102,19 +122,22 @@ inline int backward_key_groups(const Problem& p) {
 // key group: O(N).
 inline std::size_t backward_scratch_bytes(const Problem& p, const BackwardArgs& a) {
   const std::size_t packed =
-      static_cast<std::size_t>(backward_query_tiles(p, a)) * p.heads_q * kBr * backward_tile_floats(p);
+      static_cast<std::size_t>(backward_query_tiles(p, a).total) * p.heads_q * kBr * backward_tile_floats(p);
   const std::size_t partials =
       static_cast<std::size_t>(total_q_rows(p, a)) * p.heads_q * backward_key_groups(p) * padded(p.hdim_qk);
   return sizeof(float) * (packed + partials);
 }
 
 // Decode: KV splits per (sequence, KV head). Enough tasks to fill a large machine, but no split
-// shorter than a few tiles.
+// shorter than a few tiles. A caller's count is capped by the key tiles of the longest sequence
+// (decode_keys): a split holds whole tiles, so more splits would only be empty ones, each with
+// its own partial in scratch.
 inline int decode_splits(const Problem& p, const Options& o) {
-  if (o.num_splits > 0) return o.num_splits;
+  const int tiles = std::max(1, (p.decode_keys + kBc - 1) / kBc);
+  if (o.num_splits > 0) return std::min(o.num_splits, tiles);
   const std::int64_t heads = static_cast<std::int64_t>(p.batch) * p.heads_kv;
   const std::int64_t want = (64 + heads - 1) / std::max<std::int64_t>(heads, 1);
-  const int by_len = std::max(1, p.seqlen_k / (4 * kBc));
+  const int by_len = std::max(1, p.decode_keys / (4 * kBc));
   return static_cast<int>(std::clamp<std::int64_t>(want, 1, by_len));
 }
 

@@ -99,7 +99,7 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
 
 template <class T>
 void ForwardT(const Problem& p, const ForwardArgs& a) {
-  const std::int64_t qblocks = (p.seqlen_q + flash::kBr - 1) / flash::kBr;
+  const std::int64_t qblocks = (static_cast<std::int64_t>(p.seqlen_q) + flash::kBr - 1) / flash::kBr;
   AttendShape sh;
   sh.d = p.hdim_qk;
   sh.dv = p.hdim_v;
@@ -114,27 +114,30 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   const KVCopy kv(p, a, a.options.workspace != nullptr ? flash::usable_bytes(a.options) : kKVCopyBudget);
   flash::Workspace ws(a.options, kv.bytes());
   char* copies = reinterpret_cast<char*>(ws.floats(kv.bytes() / sizeof(float)));
-  const int pairs = p.batch * p.heads_kv, group = p.group();
+  // Pairs in 64 bits: batch x heads_kv may exceed 2^31.
+  const std::int64_t pairs = static_cast<std::int64_t>(p.batch) * p.heads_kv;
+  const int group = p.group();
   const std::int64_t readers = group * qblocks, chunks = kv.chunks();
-  for (int u0 = 0; u0 < pairs; u0 += kv.wave()) {
-    const int u1 = std::min(pairs, u0 + kv.wave());
+  for (std::int64_t u0 = 0; u0 < pairs; u0 += kv.wave()) {
+    const std::int64_t u1 = std::min(pairs, u0 + kv.wave());
     KVFill fill(kv, copies, u0, u1);
     // Per pair of the wave, its readers' tasks (query head of the group, query tile; the tile
     // fastest, last first: under a causal mask the last tiles see the most keys, and the longest
     // tasks taken first leave the shortest for the end), each run of them led by the chunks of
     // the next pair's copy.
-    parallel_for(static_cast<std::int64_t>(u1 - u0) * (chunks + readers), [&](std::int64_t begin, std::int64_t end) {
+    parallel_for((u1 - u0) * (chunks + readers), [&](std::int64_t begin, std::int64_t end) {
       float* tiles = flash::thread_tiles(on_amx ? amx_tile_floats(p.hdim_qk, p.hdim_v)
                                                 : attend_tile_floats(p.hdim_qk, p.hdim_v));
       TileRows rows;
       for (std::int64_t i = begin; i < end; ++i) {
-        const int u = u0 + static_cast<int>(i / (chunks + readers));
+        const std::int64_t u = u0 + i / (chunks + readers);
         const std::int64_t t = i % (chunks + readers) - chunks;
         if (t < 0) {
           if (u + 1 < u1) fill.help(u + 1);
           continue;
         }
-        const int qb = static_cast<int>(qblocks - 1 - t % qblocks), b = u / p.heads_kv, g = u % p.heads_kv;
+        const int qb = static_cast<int>(qblocks - 1 - t % qblocks);
+        const int b = static_cast<int>(u / p.heads_kv), g = static_cast<int>(u % p.heads_kv);
         const int h = g * group + static_cast<int>(t / qblocks);
         const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
         const int i0 = qb * flash::kBr;

@@ -120,7 +120,8 @@ HWY_INLINE void Gemm(const float* A, std::ptrdiff_t sm, std::ptrdiff_t sk, const
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0): round-to-nearest range reduction, a
+// 2^x for x <= 127, 0 below -126.5 (so exp2(-inf) = 0), NaN for NaN (a NaN score reaches the
+// row's sum and output, never a silent 0): round-to-nearest range reduction, a
 // polynomial for 2^f on [-0.5, 0.5] fitted to relative error, and the factor 2^n. Degree 6 errs by
 // 4.4e-9 (below fp32 rounding); degree 3 by 7.5e-5, for probabilities that are rounded to bf16
 // next (2^-9) and three multiply-adds cheaper.
@@ -128,12 +129,18 @@ template <int kDegree = 6>
 HWY_INLINE VF Exp2(DF d, VF x) {
   static_assert(kDegree == 6 || kDegree == 3);
 #if HWY_TARGET <= HWY_AVX3
-  // No clamp: n <= -127 (x = -inf included) is zeroed by the scalef's mask below.
+  // No clamp: n <= -127 (x = -inf included) is zeroed by the scalef's mask below; NaN passes it.
   const VF n{_mm512_roundscale_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 #else
   // The 1.5 * 2^23 shifter rounds to nearest; its sum t also carries n into the exponent below.
   const VF shifter = hn::Set(d, 12582912.f);
-  x = hn::Max(x, hn::Set(d, -127.f));
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  // x second: x86's max returns its second operand when either is NaN, so NaN stays NaN.
+  x = hn::Max(hn::Set(d, -127.f), x);
+#else
+  // Elsewhere Max may drop a NaN operand: keep it explicitly.
+  x = hn::IfThenElse(hn::IsNaN(x), x, hn::Max(x, hn::Set(d, -127.f)));
+#endif
   const VF t = hn::Add(x, shifter);
   const VF n = hn::Sub(t, shifter);
 #endif
@@ -155,8 +162,9 @@ HWY_INLINE VF Exp2(DF d, VF x) {
   }
 #if HWY_TARGET <= HWY_AVX3
   // One scalef instead of building 2^n and multiplying; n = -127 is zeroed by the mask rather than
-  // computed, since a denormal result would take a microcode assist.
-  return VF{_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(n.raw, _mm512_set1_ps(-127.f), _CMP_GT_OQ), p.raw, n.raw)};
+  // computed, since a denormal result would take a microcode assist. Unordered compare: a NaN n
+  // keeps its lane, and scalef returns NaN.
+  return VF{_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(n.raw, _mm512_set1_ps(-127.f), _CMP_NLE_UQ), p.raw, n.raw)};
 #else
   // The shifter's own bits vanish below bit 9, so this is (n + 127) << 23; n = -127 gives a zero
   // exponent field, i.e. a factor of exactly 0.
@@ -384,13 +392,14 @@ struct AttendShape {
 
 // The end of a query tile: emit(r, o, lse) per valid row r with o its normalized output (fp32, dv
 // values; element c of row r at O[r * rs + c * cs]) and lse in natural log; rows with no visible
-// key (or no key tile at all: `none`) get o = 0 and lse = -inf.
+// key (or no key tile at all: `none`) get o = 0 and lse = -inf. A NaN sum (a NaN or Inf input
+// reached the row) gives NaN o and lse: propagated, as PyTorch does, never taken for "no key".
 template <class Emit>
 HWY_INLINE void EmitRows(const AttendShape& sh, const TileRows& rows, bool none, const float* m, const float* l,
                          const float* O, std::ptrdiff_t rs, std::ptrdiff_t cs, float* row, Emit emit) {
   const float keep_scale = sh.dropout ? sh.drop.keep_scale : 1.f;
   for (int r = 0; r < rows.n; ++r) {
-    if (none || !(l[r] > 0.f)) {
+    if (none || l[r] == 0.f) {
       for (int c = 0; c < sh.dv; ++c) row[c] = 0.f;
       emit(r, row, -kInf);
       continue;

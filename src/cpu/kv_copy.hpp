@@ -52,23 +52,24 @@ class KVCopy {
   // and no transposed values are wanted.
   std::size_t bytes() const { return static_cast<std::size_t>(slots_) * slot_bytes_; }
   // Pairs per wave: copy those (KVFill), then attend their query tiles.
-  int wave() const { return wave_; }
+  std::int64_t wave() const { return wave_; }
   // Chunks each pair's copy is made in (0 where nothing is copied).
   int chunks() const { return slots_ == 0 ? 0 : chunks_; }
   // Copies chunk c of pair u into the slot of the wave starting at u0.
-  void fill_chunk(char* ws, int u0, int u, int c) const;
+  void fill_chunk(char* ws, std::int64_t u0, std::int64_t u, int c) const;
   // Pair u's rows, from ws when the wave holding u (which starts at u0) was copied there.
-  KVRows rows(const char* ws, int u0, int u) const;
+  KVRows rows(const char* ws, std::int64_t u0, std::int64_t u) const;
 
  private:
-  KVRows source(int u) const;  // pair u's rows in the caller's tensors
+  KVRows source(std::int64_t u) const;  // pair u's rows in the caller's tensors
 
   const Problem& p_;
   const ForwardArgs& a_;
   bool copy_k_ = false, copy_v_ = false, vt_ = false;  // what a slot holds: K's rows, V's rows or V^T
   std::size_t es_ = 0, k_bytes_ = 0, slot_bytes_ = 0;
   std::int64_t ks_ = 0, vs_ = 0;  // the caller's row strides, bytes
-  int slots_ = 0, wave_ = 1, chunks_ = 0;
+  std::int64_t slots_ = 0, wave_ = 1;
+  int chunks_ = 0;
 };
 
 // One wave's copies, made while the query tiles of earlier pairs are attended: a copy streams its
@@ -78,11 +79,11 @@ class KVCopy {
 // chunks another thread has started, so no order of running a parallel_for's ranges can deadlock.
 class KVFill {
  public:
-  KVFill(const KVCopy& kv, char* ws, int u0, int u1);
+  KVFill(const KVCopy& kv, char* ws, std::int64_t u0, std::int64_t u1);
   // Copies one unclaimed chunk of pair u, if any is left; returns whether it did.
-  bool help(int u);
+  bool help(std::int64_t u);
   // Returns once pair u is copied, copying unclaimed chunks itself.
-  void await(int u);
+  void await(std::int64_t u);
 
  private:
   struct alignas(64) Progress {
@@ -90,7 +91,8 @@ class KVFill {
   };
   const KVCopy& kv_;
   char* ws_;
-  int u0_, chunks_;
+  std::int64_t u0_;
+  int chunks_;
   std::unique_ptr<Progress[]> pairs_;
 };
 

@@ -64,13 +64,17 @@ void probabilities(const Head& h, const Rounder& r, std::vector<double>& P, std:
   lse.assign(h.sq, kNegInf);
   for (int i = 0; i < h.sq; ++i) {
     double m = kNegInf;
+    bool nan = false;
     for (int j = 0; j < h.sk; ++j) {
       qk[i * h.sk + j] = r(h.dot_qk(i, j));
       if (!h.visible(i, j)) continue;
       P[i * h.sk + j] = h.capped(qk[i * h.sk + j]) + h.alibi(i, j);
+      nan = nan || std::isnan(P[i * h.sk + j]);
       m = std::max(m, P[i * h.sk + j]);
     }
-    if (m == kNegInf) continue;  // no visible key: P row stays 0, lse -inf
+    // A NaN score (a NaN or Inf input the row sees) makes the row's probabilities and lse NaN.
+    if (nan) m = std::numeric_limits<double>::quiet_NaN();
+    if (m == kNegInf) continue;  // no visible key (or every score -inf): P row stays 0, lse -inf
     double l = 0;
     for (int j = 0; j < h.sk; ++j)
       if (h.visible(i, j)) l += std::exp(P[i * h.sk + j] - m);
@@ -104,8 +108,10 @@ void attend(const Head& h, const Rounder& r, const DropoutMul& drop, std::vector
   O.assign(static_cast<std::size_t>(h.sq) * h.dv, 0.0);
   for (int i = 0; i < h.sq; ++i)
     for (int j = 0; j < h.sk; ++j) {
+      // Every visible key enters, even with probability 0 (underflow, dropout), as in a matrix
+      // product: a NaN or Inf value of a key the row sees reaches its output.
+      if (!h.visible(i, j)) continue;
       const double pij = P[i * h.sk + j] * drop(h.bh, i, j);
-      if (pij == 0) continue;
       for (int c = 0; c < h.dv; ++c) O[i * h.dv + c] += pij * h.v[j * h.dv + c];
     }
 }

@@ -57,7 +57,7 @@ TEST(ValidateCombine, EveryArgument) {
       {"out shape", [](CombineArgs& a) { a.out.shape[3] = 8; }, {"out has shape [2, 2, 4, 8], expected [2, 2, 4, 16]"}},
       {"lse dtype", [](CombineArgs& a) { a.lse.dtype = DType::f16; }, {"lse has dtype f16, expected f32"}},
       {"lse device", [](CombineArgs& a) { a.lse.device = kCuda; }, {"lse is on cuda:0 but out_partial is on cpu:0"}},
-      {"lse null", [](CombineArgs& a) { a.lse.data = nullptr; }, {"lse has a null data pointer"}},
+      {"lse null", [](CombineArgs& a) { a.lse.data = nullptr; }, {"lse has", "elements but a null data pointer"}},
       {"lse shape", [](CombineArgs& a) { a.lse.shape[2] = 3; }, {"lse has shape [2, 4, 3], expected [2, 4, 2]"}},
   };
   for (const Case& c : cases) {

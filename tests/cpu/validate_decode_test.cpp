@@ -110,7 +110,7 @@ TEST(ValidateDecode, Tensors) {
       {"lse dtype", [](DecodeArgs& a) { a.lse.dtype = DType::f16; }, {"lse has dtype f16, expected f32"}},
       {"lse device", [](DecodeArgs& a) { a.lse.device = kCuda; }, {"lse is on cuda:0"}},
       {"lse shape", [](DecodeArgs& a) { a.lse.shape[2] = 1; }, {"lse has shape [3, 4, 1], expected [3, 4, 2]"}},
-      {"lse null", [](DecodeArgs& a) { a.lse.data = nullptr; }, {"lse has a null data pointer"}},
+      {"lse null", [](DecodeArgs& a) { a.lse.data = nullptr; }, {"lse has", "elements but a null data pointer"}},
       {"batch", [](DecodeArgs& a) { a.k_cache.shape[0] = 2; a.v_cache.shape[0] = 2; },
        {"k_cache.shape[0] = 2 must equal q.shape[0] (batch) = 3 for a contiguous cache"}},
   });
@@ -183,7 +183,7 @@ TEST(ValidateDecode, PageTable) {
       {"lengths absent", [](DecodeArgs& a) { a.cache_seqlens = {}; a.k_new = {}; a.v_new = {}; },
        {"cache_seqlens is required with a page_table"}},
       {"capacity overflow", [](DecodeArgs& a) { a.page_table.shape[1] = 1LL << 30; },
-       {"cache capacity = 4294967296 exceeds 2^31 - 1"}},
+       {"cache capacity (page_table.shape[1] * page_size) = 4294967296 exceeds the 2^30 - 1 rows"}},
       {"over capacity", [&](DecodeArgs& a) { a.cache_seqlens = t.lens_paged_full.view(); },
        {"cache_seqlens[2] = 11 plus 2 appended rows exceeds the cache capacity of 12 (page_table.shape[1] * page_size)"}},
   });

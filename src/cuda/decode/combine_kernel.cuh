@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   const float* op = p.out_partial + b * p.op_b + i * p.op_i + h * p.op_h;
 
   float m = kNegInf;
-  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, lp[s * p.lp_s]);
-  m = block_reduce(m, [](float x, float y) { return fmaxf(x, y); }, scratch);
+  // NaN-propagating: a NaN partial LSE makes the row NaN (the sums below turn NaN with it).
+  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = nan_max(m, lp[s * p.lp_s]);
+  m = block_reduce(m, [](float x, float y) { return nan_max(x, y); }, scratch);
   float l = 0.f;
   if (m != kNegInf)
     for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) l += __expf(lp[s * p.lp_s] - m);
@@ -60,16 +61,16 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   T* o = static_cast<T*>(p.out) + b * p.o_b + i * p.o_i + h * p.o_h;
   for (int c = threadIdx.x; c < p.hdim_v; c += kCombineThreads) {
     float acc = 0.f;
-    if (l > 0.f) {
+    if (l != 0.f) {
 #pragma unroll 16
       for (int s = 0; s < p.splits; ++s) {
         const float w = __expf(lp[s * p.lp_s] - m), x = op[s * p.op_s + c];
-        acc += w > 0.f ? w * x : 0.f;  // an empty split's garbage never enters
+        acc += w != 0.f ? w * x : 0.f;  // an empty split's garbage never enters
       }
     }
-    o[c] = from_float<T>(l > 0.f ? acc / l : 0.f);
+    o[c] = from_float<T>(l != 0.f ? acc / l : 0.f);
   }
-  if (p.lse && threadIdx.x == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l > 0.f ? m + __logf(l) : kNegInf;
+  if (p.lse && threadIdx.x == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l != 0.f ? m + __logf(l) : kNegInf;
 }
 
 }  // namespace tileattn::cuda::decoding

@@ -86,6 +86,10 @@ __device__ __forceinline__ BlockAt block_at(const Params& p, int chunks) {
 // leaves them in s_acc [WARPS][ROWS][D], so the block's output is a plain sum over the warps
 // (sum_warps): one exponential per row and lane instead of one per row, column and warp. On the
 // H100 a block's merge now ends 0.9 us after its last warp instead of 1.4 (timeline probe, 1x32k).
+// fmaxf drops a NaN operand; a merge of partial results must not (a NaN input that reached one
+// part must reach the output, as PyTorch propagates it).
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || b != b ? a + b : fmaxf(a, b); }
+
 struct RowTotal {
   float m, l;  // a row's max and sum over the block's warps
 };
@@ -95,19 +99,20 @@ __device__ __forceinline__ RowTotal row_total(const float* s_ml, int r) {
   RowTotal t{-CUDART_INF_F, 0.f};
 #pragma unroll
   for (int w = 0; w < WARPS; ++w) t.m = fmaxf(t.m, s_ml[(w * ROWS + r) * 2]);
-  if (t.m != -CUDART_INF_F) {
+  // Against 0 while every warp's max is -inf: each then weighs 0 * its sum, which is 0 for a row
+  // that saw no key and NaN where NaN scores (whose max stays -inf) made the sum NaN.
+  const float base = t.m == -CUDART_INF_F ? 0.f : t.m;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) t.l += exp2f(s_ml[(w * ROWS + r) * 2] - t.m) * s_ml[(w * ROWS + r) * 2 + 1];
-  }
+  for (int w = 0; w < WARPS; ++w) t.l += exp2f(s_ml[(w * ROWS + r) * 2] - base) * s_ml[(w * ROWS + r) * 2 + 1];
   return t;
 }
 
 // 2^(m_w - m) / l: warp w's weight in row r of the block's normalized output (0 for a row that
-// sees no key).
+// sees no key, NaN where a NaN reached the row).
 template <int ROWS, int WARPS>
 __device__ __forceinline__ float warp_weight(const float* s_ml, int w, int r) {
   const RowTotal t = row_total<ROWS, WARPS>(s_ml, r);
-  return t.l > 0.f ? exp2f(s_ml[(w * ROWS + r) * 2] - t.m) / t.l : 0.f;
+  return t.l != 0.f ? exp2f(s_ml[(w * ROWS + r) * 2] - t.m) / t.l : 0.f;
 }
 
 // Where sum_warps leaves the block's result: the final output (one split), this split's partial
@@ -136,7 +141,7 @@ __device__ void sum_warps(const Params& p, const float* s_acc, const float* s_ml
     float lse = 0.f;
     if (c == 0) {
       const RowTotal t = row_total<ROWS, WARPS>(s_ml, r);
-      lse = t.l > 0.f ? (t.m + log2f(t.l)) / kLog2e : -CUDART_INF_F;
+      lse = t.l != 0.f ? (t.m + log2f(t.l)) / kLog2e : -CUDART_INF_F;
     }
     const int i = (chunk * ROWS + r) / group, h = g * group + (chunk * ROWS + r) % group;
     if (sink == Sink::output) {

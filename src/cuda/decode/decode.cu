@@ -104,9 +104,11 @@ Kernel select_kernel(const Problem& p) {
 // kMinKeysPerSplit keys, whose partials would cost more to merge than they save. No split when the
 // (batch, KV head, row chunk) grid already fills the GPU.
 int choose_splits(const Problem& p, const Options& o) {
-  if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.seqlen_k));
+  // A caller's count is capped by the keys the call attends (decode_keys: the real lengths where
+  // the host holds them), so scratch follows the data, not the option.
+  if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.decode_keys));
   const Kernel k = select_kernel(p);
-  const int rows = p.seqlen_q * p.group();
+  const long rows = static_cast<long>(p.seqlen_q) * p.group();
   const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + k.rows - 1) / k.rows);
   const long wave = static_cast<long>(k.per_sm) * device_sm_count();
   if (base == 0 || base >= wave) return 1;

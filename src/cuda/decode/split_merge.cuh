@@ -41,7 +41,7 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c, int o
     }
     float mb = m;
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) mb = fmaxf(mb, ls[k]);
+    for (int k = 0; k < kBatch; ++k) mb = nan_max(mb, ls[k]);
     if (mb == kNegInf) continue;
     const float a = __expf(m - mb);  // 0 while m is still -inf
     l *= a;
@@ -49,7 +49,7 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c, int o
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const float w = __expf(ls[k] - mb);
-      if (w > 0.f) {  // an empty split (LSE -inf) adds nothing
+      if (w != 0.f) {  // an empty split (LSE -inf) adds nothing; a NaN one makes all NaN
         l += w;
         acc.x += w * xs[k].x, acc.y += w * xs[k].y;
       }
@@ -57,9 +57,9 @@ __device__ void merge_columns(const Params& p, int b, int i, int h, int c, int o
     m = mb;
   }
   T* o = static_cast<T*>(p.out) + b * p.o_b + i * p.o_i + h * p.o_h + c;
-  o[0] = from_float<T>(l > 0.f ? acc.x / l : 0.f);
-  o[1] = from_float<T>(l > 0.f ? acc.y / l : 0.f);
-  if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l > 0.f ? m + __logf(l) : kNegInf;
+  o[0] = from_float<T>(l != 0.f ? acc.x / l : 0.f);
+  o[1] = from_float<T>(l != 0.f ? acc.y / l : 0.f);
+  if (p.lse && c == 0) p.lse[b * p.l_b + h * p.l_h + i * p.l_i] = l != 0.f ? m + __logf(l) : kNegInf;
 }
 
 // The split group's state, one 64-bit word per blockIdx.x in p.group_state: blocks arrived in the
