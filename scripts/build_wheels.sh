@@ -11,10 +11,10 @@
 #
 # The two variants share the distribution name, as PyTorch's do: a release publishes them to separate
 # indexes (or the CPU one alone to PyPI). TILEATTN_WHEEL_PYTHONS lists the interpreters to build with
-# (default: python3); with Python 3.12 or later the wheel is tagged cp312-abi3 and serves every
-# CPython from 3.12 on (nanobind's stable ABI), so a release needs one such interpreter plus one per
-# older Python it supports. Each wheel is repaired to its manylinux tag; the script fails if
-# auditwheel finds a shared library outside that policy. JOBS sets the build parallelism.
+# (default: python3), one wheel each; with TILEATTN_STABLE_ABI=1 an interpreter of 3.12 or later
+# builds a cp312-abi3 wheel that serves every CPython from 3.12 on (nanobind's stable ABI; see
+# pyproject.toml for why it is not the default yet). Each wheel is repaired to its manylinux tag; the
+# script fails if auditwheel finds a shared library outside that policy. JOBS sets the parallelism.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
