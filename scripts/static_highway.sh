@@ -17,12 +17,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # apt-get source with a private source list: the machine's own apt configuration stays as it is.
-mkdir -p "$work/apt/lists/partial" "$work/src"
+mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/src"
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 printf 'deb-src http://deb.debian.org/debian %s main\ndeb-src http://deb.debian.org/debian-security %s-security main\n' \
   "$suite" "$suite" >"$work/apt/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-          -o "Dir::State::Lists=$work/apt/lists" -o APT::Sandbox::User=root)
+          -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache" -o APT::Sandbox::User=root)
 version=$(dpkg-query -W -f='${Version}' libhwy-dev 2>/dev/null || true)
 apt-get "${apt_opts[@]}" update -qq
 (cd "$work/src" && apt-get "${apt_opts[@]}" source --download-only -qq "highway${version:+=$version}")
