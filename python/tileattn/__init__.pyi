@@ -14,9 +14,9 @@ from ._C import num_threads as num_threads
 from ._C import reset_peak_memory as reset_peak_memory
 from ._C import set_num_threads as set_num_threads
 
-Array = Any
-BackendName = Literal["auto", "cpu_flash", "cpu_reference", "cuda"]
-Window = Tuple[int, int]
+_Array = Any
+_BackendName = Literal["auto", "cpu_flash", "cpu_reference", "cuda"]
+_Window = Tuple[int, int]
 
 __version__: str
 
@@ -24,73 +24,73 @@ __version__: str
 class Error(ValueError, RuntimeError): ...
 __all__: list[str]
 
-def use_backend(name: BackendName) -> AbstractContextManager[None]: ...
+def use_backend(name: _BackendName) -> AbstractContextManager[None]: ...
 
 # flash_attn's functions: out, or (out, softmax_lse, None) with return_attn_probs=True.
 @overload
-def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
-                    causal: bool = ..., window_size: Window = ..., softcap: float = ...,
-                    alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                    return_attn_probs: Literal[False] = ...) -> Array: ...
+def flash_attn_func(q: _Array, k: _Array, v: _Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                    causal: bool = ..., window_size: _Window = ..., softcap: float = ...,
+                    alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                    return_attn_probs: Literal[False] = ...) -> _Array: ...
 @overload
-def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
-                    causal: bool = ..., window_size: Window = ..., softcap: float = ...,
-                    alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                    *, return_attn_probs: Literal[True]) -> Tuple[Array, Array, None]: ...
-def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
-                              causal: bool = ..., window_size: Window = ..., softcap: float = ...,
-                              alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                              return_attn_probs: bool = ...) -> Union[Array, Tuple[Array, Array, None]]: ...
-def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
-                             causal: bool = ..., window_size: Window = ..., softcap: float = ...,
-                             alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                             return_attn_probs: bool = ...) -> Union[Array, Tuple[Array, Array, None]]: ...
-def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
+def flash_attn_func(q: _Array, k: _Array, v: _Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                    causal: bool = ..., window_size: _Window = ..., softcap: float = ...,
+                    alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                    *, return_attn_probs: Literal[True]) -> Tuple[_Array, _Array, None]: ...
+def flash_attn_qkvpacked_func(qkv: _Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                              causal: bool = ..., window_size: _Window = ..., softcap: float = ...,
+                              alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                              return_attn_probs: bool = ...) -> Union[_Array, Tuple[_Array, _Array, None]]: ...
+def flash_attn_kvpacked_func(q: _Array, kv: _Array, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                             causal: bool = ..., window_size: _Window = ..., softcap: float = ...,
+                             alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                             return_attn_probs: bool = ...) -> Union[_Array, Tuple[_Array, _Array, None]]: ...
+def flash_attn_varlen_func(q: _Array, k: _Array, v: _Array, cu_seqlens_q: _Array, cu_seqlens_k: _Array,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ...,
-                           softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Window = ...,
-                           softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
+                           softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: _Window = ...,
+                           softcap: float = ..., alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
                            return_attn_probs: bool = ...,
-                           block_table: Optional[Array] = ...) -> Union[Array, Tuple[Array, Array, None]]: ...
-def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: int, dropout_p: float = ...,
+                           block_table: Optional[_Array] = ...) -> Union[_Array, Tuple[_Array, _Array, None]]: ...
+def flash_attn_varlen_qkvpacked_func(qkv: _Array, cu_seqlens: _Array, max_seqlen: int, dropout_p: float = ...,
                                      softmax_scale: Optional[float] = ..., causal: bool = ...,
-                                     window_size: Window = ..., softcap: float = ...,
-                                     alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                                     return_attn_probs: bool = ...) -> Union[Array, Tuple[Array, Array, None]]: ...
-def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
+                                     window_size: _Window = ..., softcap: float = ...,
+                                     alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                                     return_attn_probs: bool = ...) -> Union[_Array, Tuple[_Array, _Array, None]]: ...
+def flash_attn_varlen_kvpacked_func(q: _Array, kv: _Array, cu_seqlens_q: _Array, cu_seqlens_k: _Array,
                                     max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ...,
                                     softmax_scale: Optional[float] = ..., causal: bool = ...,
-                                    window_size: Window = ..., softcap: float = ...,
-                                    alibi_slopes: Optional[Array] = ..., deterministic: bool = ...,
-                                    return_attn_probs: bool = ...) -> Union[Array, Tuple[Array, Array, None]]: ...
+                                    window_size: _Window = ..., softcap: float = ...,
+                                    alibi_slopes: Optional[_Array] = ..., deterministic: bool = ...,
+                                    return_attn_probs: bool = ...) -> Union[_Array, Tuple[_Array, _Array, None]]: ...
 # out, or (out, softmax_lse) with return_softmax_lse=True.
-def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = ...,
-                            v: Optional[Array] = ..., rotary_cos: Optional[Array] = ...,
-                            rotary_sin: Optional[Array] = ..., cache_seqlens: Union[Array, int, None] = ...,
-                            cache_batch_idx: Optional[Array] = ..., cache_leftpad: Optional[Array] = ...,
-                            block_table: Optional[Array] = ..., softmax_scale: Optional[float] = ...,
-                            causal: bool = ..., window_size: Window = ..., softcap: float = ...,
-                            rotary_interleaved: bool = ..., alibi_slopes: Optional[Array] = ...,
+def flash_attn_with_kvcache(q: _Array, k_cache: _Array, v_cache: _Array, k: Optional[_Array] = ...,
+                            v: Optional[_Array] = ..., rotary_cos: Optional[_Array] = ...,
+                            rotary_sin: Optional[_Array] = ..., cache_seqlens: Union[_Array, int, None] = ...,
+                            cache_batch_idx: Optional[_Array] = ..., cache_leftpad: Optional[_Array] = ...,
+                            block_table: Optional[_Array] = ..., softmax_scale: Optional[float] = ...,
+                            causal: bool = ..., window_size: _Window = ..., softcap: float = ...,
+                            rotary_interleaved: bool = ..., alibi_slopes: Optional[_Array] = ...,
                             num_splits: int = ..., return_softmax_lse: bool = ...,
-                            check_device_indices: bool = ...) -> Union[Array, Tuple[Array, Array]]: ...
+                            check_device_indices: bool = ...) -> Union[_Array, Tuple[_Array, _Array]]: ...
 
 # torch.nn.functional's signature on [batch, heads, seq, dim] tensors.
-def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = ...,
+def scaled_dot_product_attention(query: _Array, key: _Array, value: _Array, attn_mask: Optional[_Array] = ...,
                                  dropout_p: float = ..., is_causal: bool = ..., scale: Optional[float] = ...,
-                                 enable_gqa: bool = ...) -> Array: ...
+                                 enable_gqa: bool = ...) -> _Array: ...
 
 # The C++ entry points with allocated outputs; keyword options as tileattn.Options' fields
 # (scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
 # deterministic, backend, num_splits, check_device_indices).
-def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = ...,
-            cu_seqlens_k: Optional[Array] = ..., max_seqlen_q: int = ..., max_seqlen_k: int = ...,
-            alibi_slopes: Optional[Array] = ..., **opts: Any) -> Tuple[Array, Optional[Array]]: ...
-def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *,
-             cu_seqlens_q: Optional[Array] = ..., cu_seqlens_k: Optional[Array] = ..., max_seqlen_q: int = ...,
-             max_seqlen_k: int = ..., alibi_slopes: Optional[Array] = ...,
-             **opts: Any) -> Tuple[Array, Array, Array]: ...
-def decode(q: Array, k_cache: Array, v_cache: Array, *, k_new: Optional[Array] = ..., v_new: Optional[Array] = ...,
-           cache_seqlens: Optional[Array] = ..., page_table: Optional[Array] = ...,
-           rotary_cos: Optional[Array] = ..., rotary_sin: Optional[Array] = ..., rotary_interleaved: bool = ...,
-           alibi_slopes: Optional[Array] = ..., **opts: Any) -> Tuple[Array, Optional[Array]]: ...
-def combine(out_partial: Array, lse_partial: Array, *, out: Optional[Array] = ...,
-            backend: BackendName = ...) -> Tuple[Array, Optional[Array]]: ...
+def forward(q: _Array, k: _Array, v: _Array, *, cu_seqlens_q: Optional[_Array] = ...,
+            cu_seqlens_k: Optional[_Array] = ..., max_seqlen_q: int = ..., max_seqlen_k: int = ...,
+            alibi_slopes: Optional[_Array] = ..., **opts: Any) -> Tuple[_Array, Optional[_Array]]: ...
+def backward(dout: _Array, q: _Array, k: _Array, v: _Array, out: _Array, lse: _Array, *,
+             cu_seqlens_q: Optional[_Array] = ..., cu_seqlens_k: Optional[_Array] = ..., max_seqlen_q: int = ...,
+             max_seqlen_k: int = ..., alibi_slopes: Optional[_Array] = ...,
+             **opts: Any) -> Tuple[_Array, _Array, _Array]: ...
+def decode(q: _Array, k_cache: _Array, v_cache: _Array, *, k_new: Optional[_Array] = ..., v_new: Optional[_Array] = ...,
+           cache_seqlens: Optional[_Array] = ..., page_table: Optional[_Array] = ...,
+           rotary_cos: Optional[_Array] = ..., rotary_sin: Optional[_Array] = ..., rotary_interleaved: bool = ...,
+           alibi_slopes: Optional[_Array] = ..., **opts: Any) -> Tuple[_Array, Optional[_Array]]: ...
+def combine(out_partial: _Array, lse_partial: _Array, *, out: Optional[_Array] = ...,
+            backend: _BackendName = ...) -> Tuple[_Array, Optional[_Array]]: ...
