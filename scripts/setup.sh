@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing tileattn needs on Debian 12 and does nothing when it is all
 # there. Needs root (or sudo) only when something is missing. With nvcc on the machine it also
-# installs the CUTLASS/CuTe headers the CUDA backend compiles against.
+# installs the CUTLASS/CuTe headers the CUDA backend compiles against. (The Python wheel's static
+# Highway comes from Debian's source package through scripts/static_highway.sh, which needs patch.)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev)
-cutlass_pin=4.2.0.0
+          libopenblas-dev patch xz-utils)
+cutlass_range="~=4.2.0"  # as pyproject.toml's build requirement
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -31,9 +32,9 @@ done
 
 nvcc_found() { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }
 cutlass_ok() {
-  python3 - "$cutlass_pin" 2>/dev/null <<'PY'
+  python3 2>/dev/null - <<'PY'
 import sys, importlib.metadata as m
-sys.exit(m.version("nvidia-cutlass") != sys.argv[1])
+sys.exit(not m.version("nvidia-cutlass").startswith("4.2."))
 PY
 }
 
@@ -54,8 +55,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$need_cutlass" = 1 ]; then
-  echo "setup: installing nvidia-cutlass==$cutlass_pin (CUDA backend headers)"
+  echo "setup: installing nvidia-cutlass$cutlass_range (CUDA backend headers)"
   # Debian's own Python refuses system-wide pip installs (PEP 668); this is a build machine.
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
-    "nvidia-cutlass==$cutlass_pin"
+    "nvidia-cutlass$cutlass_range"
 fi

@@ -5,3 +5,4 @@
 #include "tileattn/error.hpp"
 #include "tileattn/options.hpp"
 #include "tileattn/tensor.hpp"
+#include "tileattn/version.hpp"

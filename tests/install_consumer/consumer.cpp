@@ -21,7 +21,7 @@ int main() {
   tileattn::forward(a);
   const double p0 = 1 / (1 + std::exp(-1.0)), want_out = 2 * p0 - 1, want_lse = std::log(std::exp(1.0) + 1);
   const bool ok = std::fabs(out[0] - want_out) < 1e-5 && std::fabs(lse - want_lse) < 1e-5;
-  std::printf("installed tileattn: out %.6f (want %.6f), lse %.6f (want %.6f): %s\n", out[0], want_out,
-              lse, want_lse, ok ? "ok" : "WRONG");
+  std::printf("installed tileattn %s: out %.6f (want %.6f), lse %.6f (want %.6f): %s\n", tileattn::version_string,
+              out[0], want_out, lse, want_lse, ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }
