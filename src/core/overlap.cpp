@@ -31,7 +31,7 @@ bool solvable(const std::vector<Term>& t, const std::vector<std::int64_t>& min_r
 }
 
 // The bytes a view or a plain range covers: base + sum z_k * stride_k, z_k in [0, n_k). Validation
-// has bounded every view's extent by 2^62 bytes, so all sums below fit in int64.
+// has kept every view below address 2^57, so all sums below fit in int64.
 struct Span {
   const char* base;
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // stride in bytes, count
@@ -60,7 +60,7 @@ void add_terms(std::vector<Term>& terms, const Span& s, int sign) {
 
 bool spans_overlap(const Span& a, const Span& b) {
   // base_a + offset_a == base_b + offset_b  <=>  offset_a - offset_b == base_b - base_a. Bases more
-  // than 2^63 bytes apart cannot meet (each span is under 2^62 bytes).
+  // than 2^63 bytes apart cannot meet (validated spans lie below 2^57).
   const auto ua = reinterpret_cast<std::uintptr_t>(a.base), ub = reinterpret_cast<std::uintptr_t>(b.base);
   const std::uintptr_t gap = ub >= ua ? ub - ua : ua - ub;
   if (gap > static_cast<std::uintptr_t>(INT64_MAX)) return false;

@@ -14,7 +14,7 @@ namespace tileattn {
 bool views_overlap(const TensorView& a, const TensorView& b);
 
 // True if the byte range [data, data + bytes) may share a byte with the view (of any device: a
-// caller's workspace is the backend's own memory). bytes at most 2^62.
+// caller's workspace is the backend's own memory). Validated: below address 2^57.
 bool range_overlaps(const void* data, std::size_t bytes, const TensorView& v);
 
 // True if the view maps two different elements to the same memory (a zero stride, or strides that

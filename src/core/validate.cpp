@@ -41,9 +41,11 @@ std::string shape_str(const TensorView& t) { return dims_str(t, t.shape); }
 
 const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
 
-// No tensor may span more than 2^62 bytes: then every sum of two byte offsets of a call, and every
-// difference of two addresses the overlap check forms, fits in int64.
-constexpr std::int64_t kMaxExtentBytes = (std::int64_t{1} << 62) - 1;
+// Every byte a tensor reaches must lie below 2^57, the top of the largest user address space of a
+// 64-bit machine (x86-64 with 5-level paging): a view reaching past it cannot be memory, and would
+// crash the kernels rather than read it. Then every sum of two byte offsets of a call, and every
+// difference of two addresses the overlap check forms, fits in int64 with room to spare.
+constexpr std::int64_t kMaxExtentBytes = std::int64_t{1} << 57;
 
 // The view itself: present, rank, enums (dtype, device), non-negative shape, an element count and a
 // byte extent that fit (checked arithmetic; the addresses it spans must not wrap around), data
@@ -83,10 +85,10 @@ void check_tensor(const char* fn, const char* name, const TensorView& t, int ndi
     if (ok) (*span > 0 ? above : below) = *sum;
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
-  if (!ok || below > kMaxExtentBytes - above || addr < static_cast<std::uintptr_t>(below) ||
-      addr + static_cast<std::uintptr_t>(above) < addr)
-    fail(fn, name, " with shape ", shape_str(t), " and strides ", dims_str(t, t.stride),
-         " spans more than 2^62 bytes or wraps around the address space");
+  if (!ok || addr < static_cast<std::uintptr_t>(below) ||
+      addr - static_cast<std::uintptr_t>(below) > static_cast<std::uintptr_t>(kMaxExtentBytes - above))
+    fail(fn, name, " with shape ", shape_str(t), " and strides ", dims_str(t, t.stride), " from ", t.data,
+         " reaches outside the 2^57-byte address space");
 }
 
 // Optional views get the same check when present.
@@ -387,8 +389,10 @@ void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs
     fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
   if (o.workspace != nullptr && o.workspace_bytes > 0) {
     const auto addr = reinterpret_cast<std::uintptr_t>(o.workspace);
-    if (o.workspace_bytes > static_cast<std::size_t>(kMaxExtentBytes) || addr + o.workspace_bytes < addr)
-      fail(fn, "options.workspace_bytes = ", o.workspace_bytes, " from ", o.workspace, " wraps around the address space");
+    if (o.workspace_bytes > static_cast<std::size_t>(kMaxExtentBytes) ||
+        addr > static_cast<std::uintptr_t>(kMaxExtentBytes) - o.workspace_bytes)
+      fail(fn, "options.workspace_bytes = ", o.workspace_bytes, " from ", o.workspace,
+           " reaches outside the 2^57-byte address space");
     for (const auto& list : {outputs, inputs})
       for (const Named& t : list)
         if (t.t->present() && range_overlaps(o.workspace, o.workspace_bytes, *t.t))

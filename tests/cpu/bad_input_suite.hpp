@@ -131,7 +131,7 @@ void add_view_cases(std::vector<BadCase>& out, const std::string& fn, const std:
   // The first dimension with more than one element (its stride is free unless it is the last).
   int d0 = 0;
   while (d0 + 1 < n && v.shape[d0] <= 1) ++d0;
-  for (std::int64_t s : {std::int64_t{1} << 61, std::numeric_limits<std::int64_t>::max(),
+  for (std::int64_t s : {std::int64_t{1} << 55, std::int64_t{1} << 61, std::numeric_limits<std::int64_t>::max(),
                          std::numeric_limits<std::int64_t>::min() + 1, -(std::int64_t{1} << 61)})
     add("stride[" + std::to_string(d0) + "] = " + std::to_string(s), [d0, s](TensorView& t) { t.stride[d0] = s; });
   add("null data", [](TensorView& t) { t.data = nullptr; });
