@@ -4,7 +4,8 @@
 # the README's Python snippet and the Hugging Face example.
 set -uo pipefail
 site=$BUILD/python-site
-args=${TILEATTN_PY_CMAKE_ARGS-$CMAKE_ARGS}  # the package's own CMake flags (default: the build step's)
+# The package's own CMake flags (default: the build step's, with the CUDA backend on as there).
+args=${TILEATTN_PY_CMAKE_ARGS-"-DTILEATTN_CUDA=ON${CMAKE_ARGS:+ $CMAKE_ARGS}"}
 SKBUILD_CMAKE_ARGS="${args// /;}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" "$ROOT" \
   >"$OUT/python-install.log" 2>&1 || { tail -n 40 "$OUT/python-install.log"; exit 1; }
