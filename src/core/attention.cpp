@@ -1,4 +1,6 @@
 // Dispatch: validate once, then hand the problem to the backend it resolved to.
+#include <string>
+
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
 
@@ -13,8 +15,18 @@ bool cuda_available() { return false; }
 #define TA_CUDA_CALL(call) throw Error("tileattn: built without CUDA support")
 #endif
 
+namespace {
+// The CUDA kernels take neither block masks nor attention chunks yet.
+void reject_on_cuda(const char* fn, const Problem& p) {
+  if (p.backend != Backend::cuda) return;
+  if (p.block_sparse()) throw Error(std::string("tileattn::") + fn + ": block_mask is not supported by the cuda backend yet (CPU backends only)");
+  if (p.chunk > 0) throw Error(std::string("tileattn::") + fn + ": options.chunk_size is not supported by the cuda backend yet (CPU backends only)");
+}
+}  // namespace
+
 void forward(const ForwardArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("forward", p);
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_forward(p, a);
     case Backend::cuda: TA_CUDA_CALL(forward(p, a));
@@ -24,6 +36,7 @@ void forward(const ForwardArgs& a) {
 
 void backward(const BackwardArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("backward", p);
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_backward(p, a);
     case Backend::cuda: TA_CUDA_CALL(backward(p, a));
@@ -33,6 +46,7 @@ void backward(const BackwardArgs& a) {
 
 void decode(const DecodeArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("decode", p);
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_decode(p, a);
     case Backend::cuda: TA_CUDA_CALL(decode(p, a));
@@ -48,18 +62,21 @@ void combine(const CombineArgs& a) {
 
 std::size_t workspace_size(const ForwardArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("workspace_size", p);
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
 }
 
 std::size_t workspace_size(const BackwardArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("workspace_size", p);
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
 }
 
 std::size_t workspace_size(const DecodeArgs& a) {
   const Problem p = validate(a);
+  reject_on_cuda("workspace_size", p);
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
 }

@@ -11,6 +11,7 @@
 #include "core/backends.hpp"
 #include "core/overlap.hpp"
 #include "core/problem.hpp"
+#include "core/validate_variant.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn {
@@ -124,6 +125,7 @@ void check_options(const char* fn, const Options& o, Problem& p) {
   if (o.num_splits < 0) fail(fn, "options.num_splits = ", o.num_splits, ", expected >= 0 (0 = heuristic)");
   if (o.workspace_bytes > 0 && o.workspace == nullptr)
     fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
+  check_variant_options(fn, o, p);
 }
 
 void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem& p) {
@@ -314,6 +316,7 @@ Problem validate(const ForwardArgs& a) {
   const char* fn = "forward";
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
+  check_block_mask(fn, a.block_mask, a.q.device, p);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
                           {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
@@ -329,6 +332,7 @@ Problem validate(const BackwardArgs& a) {
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
+  check_block_mask(fn, a.block_mask, a.q.device, p);
   check_like(fn, "dout", a.dout, "out", a.out);
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);
