@@ -2,12 +2,12 @@
 
 namespace tileattn::cpu {
 
-BlockMaskRows::BlockMaskRows(const Problem&, const BlockMask& m)
+BlockMaskRows::BlockMaskRows(const BlockMask& m)
     : m_(&m), B_(m.kv_num_blocks.shape[0]), H_(m.kv_num_blocks.shape[1]) {}
 
 TransposedBlockMask::TransposedBlockMask(const Problem& p, const BlockMask& m)
     : B_(m.kv_num_blocks.shape[0]), H_(m.kv_num_blocks.shape[1]), kblocks_((p.seqlen_k + p.block_k - 1) / p.block_k) {
-  const BlockMaskRows rows(p, m);
+  const BlockMaskRows rows(m);
   const int qblocks = (p.seqlen_q + p.block_q - 1) / p.block_q;
   start_.assign(static_cast<std::size_t>(B_ * H_ * kblocks_ + 1), 0);
   // Count per list, prefix-sum, then fill in query-block order (so each list comes out sorted).

@@ -15,7 +15,7 @@ namespace tileattn::cpu {
 // (b or 0, h or 0) where the mask's batch or head dimension is 1.
 class BlockMaskRows {
  public:
-  BlockMaskRows(const Problem& p, const BlockMask& m);
+  explicit BlockMaskRows(const BlockMask& m);
   // fn(key block, full) for each key block query block qb of (sequence b, query head h) visits:
   // the fully visible ones first, then the partly visible ones.
   template <class Fn>

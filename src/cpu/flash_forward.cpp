@@ -127,7 +127,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   const BlockTiling qtiling(flash::kBr, p.block_q);
   const std::int64_t qblocks = qtiling.tiles(p.seqlen_q);
   const std::optional<BlockMaskRows> sparse =
-      p.block_sparse() ? std::optional<BlockMaskRows>(std::in_place, p, a.block_mask) : std::nullopt;
+      p.block_sparse() ? std::optional<BlockMaskRows>(std::in_place, a.block_mask) : std::nullopt;
   const std::size_t es = sizeof(T);
   const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
   // AMX steps through keys from multiples of 32: block-sparse key blocks must start on them.
