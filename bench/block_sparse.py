@@ -173,20 +173,22 @@ def main():
                     args.block, device, gen):
                 bm = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device=device, BLOCK_SIZE=args.block)
                 density = density_of(bm)
-                impls = {"tileattn": lambda: tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, **kw)}
+                # Per impl, its call on (q, k, v); the forward is timed on detached inputs (torch's
+                # flex_attention refuses inputs that require grad on a CPU), the backward on q, k, v.
+                impls = {"tileattn": lambda q, k, v: tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, **kw)}
                 if "flex" in peers:
-                    impls["torch-flex"] = lambda: flex_compiled(q, k, v, block_mask=bm, enable_gqa=gqa)
+                    impls["torch-flex"] = lambda q, k, v: flex_compiled(q, k, v, block_mask=bm, enable_gqa=gqa)
                 if "dense" in peers:
-                    impls["tileattn-dense"] = lambda: dense_call(dense_kind, extra, q, k, v)
+                    impls["tileattn-dense"] = lambda q, k, v: dense_call(dense_kind, extra, q, k, v)
                 fwd_flops = 4.0 * batch * heads * seqlen * seqlen * hdim * density
                 for impl, fn in impls.items():
                     for pas in args.passes.split(","):
                         try:
                             if pas == "fwd":
-                                with torch.no_grad():
-                                    ms = run(fn, iters)
+                                qd, kd, vd = (x.detach() for x in (q, k, v))
+                                ms = run(lambda: fn(qd, kd, vd), iters)
                             else:
-                                out = fn()
+                                out = fn(q, k, v)
                                 ms = run(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters)
                         except Exception as e:  # a peer that cannot run this row: recorded, not fatal
                             print(f"{impl} {name} {pas}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)

@@ -263,9 +263,11 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
             continue;
           }
           // The query blocks that visit this key block: their rows see all of it (full) or the
-          // variant's keys of it (partial); rows of a query tile outside the block see nothing.
+          // variant's keys of it (partial: only rows the variant lets see this key tile at all);
+          // rows of a query tile outside that see nothing.
           sparse->for_each(b, h, ktiling.block_of(kti), [&](int qblk, bool full) {
-            const int qlo = qblk * p.block_q, qhi = std::min(s.sq, qlo + p.block_q);
+            int qlo = qblk * p.block_q, qhi = std::min(s.sq, qlo + p.block_q);
+            if (!full) qlo = std::max(qlo, var.row_begin(j0)), qhi = std::min(qhi, var.row_end(j1));
             for (int qb = qlo / kBr; qb * kBr < qhi; ++qb) {
               const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
               rows.reset();
