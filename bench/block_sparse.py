@@ -8,7 +8,7 @@ usage: python3 bench/block_sparse.py OUT.json [--device cuda|cpu] [--dtype bf16]
            [--peers flex,dense] [--iters N] [--threads N] [--commit SHA]
 
 Shapes follow DESIGN.md's grid: batch = tokens / seqlen, heads = width / hdim (heads_kv = heads /
-ratio). Patterns, each a BlockMask of 128 x 128 blocks (--block) and the element mask tileattn applies
+ratio), q, k, v stored [batch, seqlen, heads, hdim] and passed as [batch, heads, seqlen, hdim] views. Patterns, each a BlockMask of 128 x 128 blocks (--block) and the element mask tileattn applies
 in its partly visible blocks:
   causal     causal as blocks: full below the diagonal, partial on it (element mask: causal);
   window     causal sliding window of 1024 keys (element mask: causal, window_size=(1023, 0));
@@ -97,7 +97,11 @@ def patterns(names, densities, batch, heads, seqlen, block, device, gen):
                 ("window", 1023)
         elif name == "documents":
             ids = documents(batch, seqlen, block, gen).to(device)
-            yield name, lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), dict(causal=True), ("documents", ids)
+            # The dense equivalent: the documents as a varlen batch, each its own sequence.
+            lens = [int(n) for row in ids.cpu() for n in torch.unique_consecutive(row, return_counts=True)[1]]
+            cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+            yield name, lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), dict(causal=True), \
+                ("documents", (cu, max(lens)))
         elif name == "random":
             qb = kb = seqlen // block
             for d in densities:
@@ -119,11 +123,9 @@ def dense_call(kind, extra, q, k, v):
     """tileattn's dense kernel on the pattern's dense equivalent ([b, h, s, d] in and out)."""
     qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
     if kind == "documents":
-        # Packed documents as a varlen batch: the same tokens, each document its own sequence.
-        lens = [int(n) for row in extra.cpu() for n in torch.unique_consecutive(row, return_counts=True)[1]]
-        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(q.device)
+        cu, longest = extra
         flat = lambda x: x.reshape(-1, x.shape[2], x.shape[3])  # noqa: E731
-        out = tileattn.flash_attn_varlen_func(flat(qs), flat(ks), flat(vs), cu, cu, max(lens), max(lens), causal=True)
+        out = tileattn.flash_attn_varlen_func(flat(qs), flat(ks), flat(vs), cu, cu, longest, longest, causal=True)
         return out.reshape(qs.shape[0], qs.shape[1], qs.shape[2], -1).transpose(1, 2)
     window = (extra, 0) if kind == "window" else (-1, -1)
     return tileattn.flash_attn_func(qs, ks, vs, causal=kind in ("causal", "window", "documents"),
@@ -163,9 +165,9 @@ def main():
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             batch, heads = max(1, args.tokens // seqlen), args.width // hdim
             heads_kv = heads // args.heads_kv_ratio
-            q = torch.randn(batch, heads, seqlen, hdim, device=device, dtype=dtype, requires_grad=True)
-            k, v = (torch.randn(batch, heads_kv, seqlen, hdim, device=device, dtype=dtype, requires_grad=True)
-                    for _ in range(2))
+            # [b, h, s, d] views of [b, s, h, d] memory (DESIGN.md's storage; the varlen call reads it as is).
+            bshd = lambda h: torch.randn(batch, seqlen, h, hdim, device=device, dtype=dtype).transpose(1, 2)  # noqa: E731
+            q, k, v = (bshd(n).requires_grad_() for n in (heads, heads_kv, heads_kv))
             dout = torch.randn_like(q)
             gqa = heads_kv != heads
             for name, mask_mod, kw, (dense_kind, extra) in patterns(
