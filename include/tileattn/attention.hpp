@@ -23,8 +23,8 @@ namespace tileattn {
 // sizes positive multiples of 16; FlexAttention's default 128 x 128). For each (batch, query head,
 // query block) the mask lists
 //   kv_num_blocks[b, h, qb] key blocks kv_indices[b, h, qb, 0 .. n) that are partly visible: there
-//     the element mask of the call's options applies (causal, window, chunk_size; none of them set:
-//     every element of the block is visible), and
+//     the element mask of the call applies (options' causal, window and chunk_size, and document
+//     ids; none of them set: every element of the block is visible), and
 //   full_kv_num_blocks[b, h, qb] key blocks full_kv_indices[b, h, qb, 0 .. n) that are fully
 //     visible: no element mask at all (optional, both or neither);
 // every other key block is skipped. Entries past a row's count are ignored; a key block may appear
@@ -50,6 +50,10 @@ struct ForwardArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;   // optional: both or neither (varlen)
   int max_seqlen_q = 0, max_seqlen_k = 0;  // varlen only: bounds on the per-sequence lengths
   TensorView alibi_slopes;                 // optional fp32 [heads_q] or [batch, heads_q]
+  // Optional document ids of packed sequences (both or neither), int32 [batch, seqlen_q] and
+  // [batch, seqlen_k] (varlen: [total_q], [total_k]): query row i sees key j only where their ids
+  // are equal, besides the other mask rules. CPU backends only for now.
+  TensorView document_ids_q, document_ids_k;
   BlockMask block_mask;                    // optional: block-sparse attention (CPU backends only for now)
   Options options;
 };
@@ -61,6 +65,7 @@ struct BackwardArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
   TensorView alibi_slopes;
+  TensorView document_ids_q, document_ids_k;
   BlockMask block_mask;                    // must match the forward's
   Options options;                         // must match the forward's (dropout seed/offset included)
 };

@@ -1,12 +1,14 @@
 // The attention variant of one sequence: everything that differs between attention flavours, in one
 // host/device type built once per call (Problem::variant) and handed to the kernels' tile loops.
 //   score:      scale, softcap and ALiBi (ScoreMod), and the derivative the backward needs;
-//   visibility: causal or window in either alignment (Mask), and chunked-local attention;
+//   visibility: causal or window in either alignment (Mask), chunked-local attention, and document
+//               ids of packed sequences;
 //   keep:       dropout's Philox bit (Dropout);
 //   blocks:     which keys a block of query rows visits (fully, partly or not at all), and the
 //               transpose for the backward (which query rows a block of keys meets).
-// Every visibility rule here gives each query row one contiguous range of keys whose ends never
-// decrease with the row, so a tile of rows needs only per-row bounds and block ranges stay dense.
+// Every visibility rule here but document ids gives each query row one contiguous range of keys
+// whose ends never decrease with the row, so a tile of rows needs only per-row bounds and block
+// ranges stay dense; document ids are an element test on top (same_document).
 // Block-sparse masks (an explicit list of key blocks per query block) sit on top of it: their
 // partly visible blocks take this element mask.
 #pragma once
@@ -28,6 +30,11 @@ struct Variant {
   bool alibi = false;
   bool dropout = false;
   Dropout drop;
+  // Document ids of the sequence's query rows and keys (row i's at doc_q[i * doc_q_stride]); null:
+  // none.
+  const int* doc_q = nullptr;
+  const int* doc_k = nullptr;
+  long long doc_q_stride = 1, doc_k_stride = 1;
 
   // floor(x / chunk) * chunk for any sign of x (a query's position may be negative when
   // seqlen_q > seqlen_k under bottom-right alignment).
@@ -55,7 +62,11 @@ struct Variant {
     }
     return e;
   }
-  TA_HD bool visible(int i, int j) const { return j >= key_begin(i) && j < key_end(i); }
+  TA_HD bool documents() const { return doc_q != nullptr; }
+  TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
+  TA_HD bool visible(int i, int j) const {
+    return j >= key_begin(i) && j < key_end(i) && (!documents() || same_document(i, j));
+  }
 
   // Rows that may see a key of [j0, j1) (j0 < j1): [row_begin(j0), row_end(j1)), a superset
   // where the rules combine, possibly empty. For the backward, which walks rows per key block.
@@ -77,10 +88,12 @@ struct Variant {
   }
 
   // Rows [i0, i1) (non-empty) against keys [j0, j1): from the end rows' ranges, since the ends
-  // never decrease with the row.
+  // never decrease with the row. Exact for causal and window; under chunks a partial block may
+  // see nothing (rows of two chunks around keys between them), under document ids a block
+  // inside the ranges is partial.
   TA_HD BlockVisit visit(int i0, int i1, int j0, int j1) const {
     if (j0 >= key_end(i1 - 1) || j1 <= key_begin(i0)) return BlockVisit::skip;
-    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0)) return BlockVisit::full;
+    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !documents()) return BlockVisit::full;
     return BlockVisit::partial;
   }
 

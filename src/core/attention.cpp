@@ -16,10 +16,11 @@ bool cuda_available() { return false; }
 #endif
 
 namespace {
-// The CUDA kernels take neither block masks nor attention chunks yet.
+// The CUDA kernels take no block masks, attention chunks or document ids yet.
 void reject_on_cuda(const char* fn, const Problem& p) {
   if (p.backend != Backend::cuda) return;
   if (p.block_sparse()) throw Error(std::string("tileattn::") + fn + ": block_mask is not supported by the cuda backend yet (CPU backends only)");
+  if (p.documents) throw Error(std::string("tileattn::") + fn + ": document ids are not supported by the cuda backend yet (CPU backends only)");
   if (p.chunk > 0) throw Error(std::string("tileattn::") + fn + ": options.chunk_size is not supported by the cuda backend yet (CPU backends only)");
 }
 }  // namespace

@@ -26,6 +26,7 @@ struct Problem {
   float dropout_p = 0.f;
   bool has_alibi = false;
   bool alibi_per_batch = false;  // slopes [batch, heads_q] rather than [heads_q]
+  bool documents = false;  // forward/backward: document ids given
   // Block-sparse (forward and backward): the block mask's block sizes; 0 = no block mask.
   int block_q = 0, block_k = 0;
   // Decode only.

@@ -51,6 +51,29 @@ void check_variant_options(const char* fn, const Options& o, Problem& p) {
   p.chunk = o.chunk_size == 0 ? 0 : std::min(o.chunk_size, std::max({1, p.seqlen_q, p.seqlen_k}));
 }
 
+void check_documents(const char* fn, const TensorView& ids_q, const TensorView& ids_k, const Device& dev,
+                     std::int64_t total_q, std::int64_t total_k, Problem& p) {
+  if (!ids_q.present() && !ids_k.present()) return;
+  if (!ids_q.present() || !ids_k.present())
+    fail(fn, "document_ids_q and document_ids_k must be given together (",
+         ids_q.present() ? "document_ids_k" : "document_ids_q", " is absent)");
+  auto check = [&](const char* name, const TensorView& t, std::int64_t rows, std::int64_t cols) {
+    const int ndim = p.varlen ? 1 : 2;
+    const bool shape_ok = t.ndim == ndim && (p.varlen ? t.shape[0] == cols : t.shape[0] == rows && t.shape[1] == cols);
+    if (!shape_ok) {
+      if (p.varlen) fail(fn, name, " has shape ", shape_of(t), ", expected [", cols, "] (the packed tokens)");
+      fail(fn, name, " has shape ", shape_of(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
+    }
+    if (t.dtype != DType::i32) fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected i32");
+    if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+      fail(fn, name, " is not on q's device");
+    if (t.numel() > 0 && t.data == nullptr) fail(fn, name, " has a null data pointer");
+  };
+  check("document_ids_q", ids_q, p.batch, p.varlen ? total_q : p.seqlen_q);
+  check("document_ids_k", ids_k, p.batch, p.varlen ? total_k : p.seqlen_k);
+  p.documents = true;
+}
+
 void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Problem& p) {
   const bool any = m.kv_num_blocks.present() || m.kv_indices.present() || m.full_kv_num_blocks.present() ||
                    m.full_kv_indices.present();

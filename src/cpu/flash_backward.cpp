@@ -169,7 +169,8 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int grp = static_cast<int>(t % groups), g = static_cast<int>(t / groups % p.heads_kv);
       const int b = static_cast<int>(t / groups / p.heads_kv);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      const Variant var = p.variant(s.sq, s.sk, a.options);
+      Variant var = p.variant(s.sq, s.sk, a.options);
+      set_documents(p, a.document_ids_q, a.document_ids_k, b, s, var);
       const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
       const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
       const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
@@ -191,8 +192,9 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         }
         std::memset(dK, 0, sizeof(float) * kBc * Dp);
         std::memset(dV, 0, sizeof(float) * kBc * DVp);
-        // One query tile against this key tile, `rows` set.
-        auto tile = [&](int h, int qb) {
+        // One query tile against this key tile, `rows` set; `full`: a block mask's fully visible
+        // block (no element mask).
+        auto tile = [&](int h, int qb, bool full) {
           const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
           const QueryTile qt(packed + (h * tiles_total + tile_index(b, s, qb)) * tile_floats, D, DV, on_amx);
           float* dq = part(grp, h, row_index(b, s, i0));
@@ -205,6 +207,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
             ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
             Gemm(Vj, DV, 1, qt.dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
           }
+          if (!full && var.documents()) DocumentTile(var, rows, S, j0, nk);
           if (dropout) DropTile(var, rows, dP, j0, nk);
           const VF keep_scale = hn::Set(df, dropout ? var.drop.keep_scale : 1.f);
           const VF scale = hn::Set(df, var.score.scale);
@@ -258,7 +261,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
               rows.reset();
               for (int r = 0; r < n; ++r) rows.set(r, var, i0 + r, slope, bh);
               rows.finish(n);
-              tile(h, qb);
+              tile(h, qb, false);
             }
             continue;
           }
@@ -281,7 +284,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
                   rows.set(r, var, i, slope, bh);
               }
               rows.finish(n);
-              tile(h, qb);
+              tile(h, qb, full);
             }
           });
         }

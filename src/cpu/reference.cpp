@@ -41,6 +41,7 @@ struct Head {
   // visible (the element rules apply), 2 fully visible. Empty: no block mask.
   std::vector<unsigned char> blocks;
   long kblocks = 0;
+  std::vector<std::int32_t> doc_q, doc_k;  // document ids of the rows and keys; empty: none
 
   long diag(int i) const { return p->bottom_right ? static_cast<long>(i) + sk - sq : i; }
   // The element rules: window (causal folded in) and the attention chunk.
@@ -49,6 +50,7 @@ struct Head {
     if (p->window_right >= 0 && j > diag(i) + p->window_right) return false;
     if (p->chunk > 0 && std::floor(static_cast<double>(diag(i)) / p->chunk) != std::floor(static_cast<double>(j) / p->chunk))
       return false;
+    if (!doc_q.empty() && doc_q[i] != doc_k[j]) return false;
     return true;
   }
   bool visible(int i, int j) const {
@@ -131,6 +133,20 @@ std::vector<double> gather(const TensorView& t, bool varlen, int b, std::int64_t
   return m;
 }
 
+// Sequence b's document ids, where the call has them.
+void gather_documents(const Problem& p, const TensorView& ids_q, const TensorView& ids_k, int b, const Seq& s, Head& hd) {
+  if (!p.documents) return;
+  auto ids = [&](const TensorView& t, std::int64_t row0, int n) {
+    std::vector<std::int32_t> v(n);
+    for (int i = 0; i < n; ++i)
+      v[i] = p.varlen ? t.ptr<const std::int32_t>()[(row0 + i) * t.stride[0]]
+                      : t.ptr<const std::int32_t>()[b * t.stride[0] + i * t.stride[1]];
+    return v;
+  };
+  hd.doc_q = ids(ids_q, s.q0, s.sq);
+  hd.doc_k = ids(ids_k, s.k0, s.sk);
+}
+
 // Row (b, h) of a block mask as a dense table (see Head::blocks).
 void materialize_blocks(const Problem& p, const BlockMask& m, int b, int h, Head& hd) {
   if (!m.present()) return;
@@ -190,6 +206,7 @@ void reference_forward(const Problem& p, const ForwardArgs& a, RefPrecision prec
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
       Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
       materialize_blocks(p, a.block_mask, b, h, hd);
+      gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
       std::vector<double> O, L;
       attend(hd, r, drop, O, L);
       store_out(p, a.out, a.lse, b, h, s.q0, O, L);
@@ -210,6 +227,7 @@ void reference_backward(const Problem& p, const BackwardArgs& a, RefPrecision pr
       for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
         Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
         materialize_blocks(p, a.block_mask, b, h, hd);
+        gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
         const std::vector<double> dO = gather(a.dout, p.varlen, b, s.q0, s.sq, h, p.hdim_v);
         std::vector<double> P, qk, L;
         probabilities(hd, r, P, qk, L);

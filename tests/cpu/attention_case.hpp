@@ -34,6 +34,7 @@ struct Case {
   DType dtype = DType::f32;
   int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, seqlen_k = 1, hdim = 8, hdim_v = 8;
   bool varlen = false, bhsd = false, alibi = false, alibi_per_batch = false;
+  bool documents = false;  // document ids: runs of random lengths, or (unsorted) random small ids
   std::vector<int> lens_q, lens_k;  // varlen: per-sequence lengths (seqlen_q/k = their maxima)
   Options options;
   SparseSpec sparse;
@@ -47,6 +48,7 @@ struct Case {
        << options.window_right << ") softcap=" << options.softcap << (alibi ? " alibi" : "")
        << (alibi_per_batch ? "/batch" : "") << " dropout=" << options.dropout_p;
     if (options.chunk_size) os << " chunk=" << options.chunk_size;
+    if (documents) os << " documents";
     if (sparse.block_q)
       os << " block_mask=" << sparse.pattern << " " << sparse.block_q << "x" << sparse.block_k << " dims=" << sparse.batches
          << "," << sparse.heads << (sparse.full_lists ? "" : " no-full-lists");
@@ -112,6 +114,7 @@ inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
   }
   if (coin(0.15)) o.scale = std::uniform_real_distribution<float>(0.02f, 0.4f)(rng);
   if (coin(0.15)) o.chunk_size = coin(0.3) ? uni(1, 8) : uni(1, std::max(1, c.seqlen_k + 4));
+  c.documents = coin(0.12);
   return c;
 }
 
@@ -178,6 +181,7 @@ inline Case random_bf16_model_case(std::mt19937_64& rng, int max_len) {
 struct CaseTensors {
   HostTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes;
   HostTensor kv_num, kv_idx, full_num, full_idx;  // the block mask, when the case has one
+  HostTensor doc_q, doc_k;                        // document ids, when the case has them
 
   explicit CaseTensors(const Case& c, std::mt19937_64& rng) {
     const DType t = c.dtype;
@@ -217,6 +221,44 @@ struct CaseTensors {
       for (std::int64_t i = 0; i < slopes.numel(); ++i) slopes.set(i, u(rng));
     }
     if (c.sparse.block_q) block_mask_tensors(c.sparse, rng);
+    if (c.documents) document_tensors(c, rng);
+  }
+
+  // Per sequence, ids in runs of random lengths (packed documents) or, a third of the time, random
+  // ids from {0, 1, 2} (any equality pattern).
+  void document_tensors(const Case& c, std::mt19937_64& rng) {
+    auto ids = [&](int len) {
+      std::vector<int> v(len);
+      const bool runs = std::bernoulli_distribution(0.67)(rng);
+      int id = 0;
+      for (int i = 0; i < len; ++i) {
+        if (runs) {
+          if (i > 0 && std::bernoulli_distribution(0.06)(rng)) ++id;
+          v[i] = id;
+        } else {
+          v[i] = std::uniform_int_distribution<int>(0, 2)(rng);
+        }
+      }
+      return v;
+    };
+    auto fill = [&](HostTensor& t, const std::vector<int>& lens, int len) {
+      if (c.varlen) {
+        std::int64_t total = 0;
+        for (int l : lens) total += l;
+        t = HostTensor(DType::i32, {total});
+        std::int64_t at = 0;
+        for (int l : lens)
+          for (int x : ids(l)) t.set(at++, x);
+      } else {
+        t = HostTensor(DType::i32, {c.batch, len});
+        for (int b = 0; b < c.batch; ++b) {
+          const std::vector<int> v = ids(len);
+          for (int i = 0; i < len; ++i) t.set(static_cast<std::int64_t>(b) * len + i, v[i]);
+        }
+      }
+    };
+    fill(doc_q, c.lens_q, c.seqlen_q);
+    fill(doc_k, c.lens_k, c.seqlen_k);
   }
 
   // The block lists of a SparseSpec, each row's blocks in random order, the entries past a row's
@@ -278,6 +320,10 @@ struct CaseTensors {
     }
     if (c.alibi) a.alibi_slopes = slopes.view();
     a.block_mask = block_mask(c);
+    if (c.documents) {
+      a.document_ids_q = doc_q.view();
+      a.document_ids_k = doc_k.view();
+    }
     a.options = c.options;
     return a;
   }
@@ -300,6 +346,8 @@ struct CaseTensors {
     a.max_seqlen_k = f.max_seqlen_k;
     a.alibi_slopes = f.alibi_slopes;
     a.block_mask = f.block_mask;
+    a.document_ids_q = f.document_ids_q;
+    a.document_ids_k = f.document_ids_k;
     a.options = c.options;
     return a;
   }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "attention_case.hpp"
+#include "common/variant.hpp"
 
 namespace tileattn::test {
 namespace {
@@ -72,6 +73,7 @@ TEST_P(BlockMaskEquivalence, AllFullBlocksAreDenseAttention) {
     Case dense = c;
     dense.sparse = SparseSpec{};
     // Full blocks take no element mask: the dense call has none either.
+    dense.documents = false;
     dense.options.causal = false;
     dense.options.window_left = dense.options.window_right = -1;
     const Outputs a = run(c, t, GetParam()), b = run(dense, t, GetParam());
@@ -100,6 +102,7 @@ TEST_P(BlockMaskEquivalence, CausalBlocksAreCausalAttention) {
   for (int it = 0; it < 12; ++it) {
     Case c = masked_case(rng, 6);
     c.options.window_left = -1;  // full blocks below the diagonal see every key before it
+    c.documents = false;
     CaseTensors t(c, rng);
     Case dense = c;
     dense.sparse = SparseSpec{};
@@ -110,12 +113,14 @@ TEST_P(BlockMaskEquivalence, CausalBlocksAreCausalAttention) {
 }
 
 // Chunked-local attention over one sequence (seqlen_q = seqlen_k) is the same batch cut into
-// sequences at the chunk boundaries, each attending on its own.
-TEST_P(BlockMaskEquivalence, ChunksAreSequencesOfTheirOwn) {
+// sequences at the chunk boundaries, each attending on its own; so are packed documents (ids in
+// runs, the same for queries and keys) cut at the document boundaries.
+TEST_P(BlockMaskEquivalence, ChunksAndDocumentsAreSequencesOfTheirOwn) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  for (int it = 0; it < 12; ++it) {
+  for (int it = 0; it < 16; ++it) {
+    const bool documents = it % 2 == 1;
     Case c;
     c.heads_kv = uni(1, 2);
     c.heads_q = c.heads_kv * uni(1, 3);
@@ -123,16 +128,24 @@ TEST_P(BlockMaskEquivalence, ChunksAreSequencesOfTheirOwn) {
     c.hdim = c.hdim_v = 8 * uni(1, 8);
     c.options.causal = uni(0, 1) == 1;
     c.options.align = uni(0, 1) ? MaskAlign::top_left : MaskAlign::bottom_right;
-    c.options.chunk_size = uni(1, 80);
+    std::vector<int> lens;  // the pieces
+    for (int s = 0, chunk = uni(1, 80); s < c.seqlen_q; s += lens.back())
+      lens.push_back(std::min(documents ? uni(1, 70) : chunk, c.seqlen_q - s));
+    if (!documents) c.options.chunk_size = lens[0];
     CaseTensors t(c, rng);
+    if (documents) {
+      c.documents = true;
+      t.doc_q = HostTensor(DType::i32, {1, c.seqlen_q});
+      for (int d = 0, i = 0; d < static_cast<int>(lens.size()); ++d)
+        for (int n = 0; n < lens[d]; ++n) t.doc_q.set(i++, 1000 + 7 * d);
+      t.doc_k = t.doc_q;
+    }
     Case cut = c;
     cut.options.chunk_size = 0;
+    cut.documents = false;
     cut.varlen = true;
-    cut.batch = 0;
-    for (int s = 0; s < c.seqlen_q; s += c.options.chunk_size, ++cut.batch) {
-      cut.lens_q.push_back(std::min(c.options.chunk_size, c.seqlen_q - s));
-      cut.lens_k.push_back(cut.lens_q.back());
-    }
+    cut.batch = static_cast<int>(lens.size());
+    cut.lens_q = cut.lens_k = lens;
     cut.seqlen_q = cut.seqlen_k = *std::max_element(cut.lens_q.begin(), cut.lens_q.end());
     CaseTensors u(cut, rng);
     // The same inputs: [1, L, h, d] and [L, h, d] row-major lie alike.
@@ -144,6 +157,39 @@ TEST_P(BlockMaskEquivalence, ChunksAreSequencesOfTheirOwn) {
     // lse is [1, h, L] against [h, L]: alike too.
     expect_same(a, b, GetParam(), "seed " + std::to_string(seed) + ": " + c.str());
     if (HasFailure()) return;
+  }
+}
+
+// Variant::visit against the element rule it summarizes: a skipped block has no visible element,
+// a full one no hidden element (a partial one may have none visible where chunks leave gaps); and
+// the backward's row range holds every row that sees a key.
+TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 300; ++it) {
+    const int sq = uni(1, 60), sk = uni(1, 60);
+    const int left = uni(0, 2) ? -1 : uni(0, 30), right = uni(0, 2) ? -1 : uni(0, 30);
+    Variant v;
+    v.mask = Mask(sq, sk, uni(0, 1) == 1, left, right);
+    v.chunk = uni(0, 1) ? 0 : uni(1, 20);
+    const int i0 = uni(0, sq - 1), i1 = uni(i0 + 1, sq), j0 = uni(0, sk - 1), j1 = uni(j0 + 1, sk);
+    int seen = 0;
+    for (int i = i0; i < i1; ++i)
+      for (int j = j0; j < j1; ++j) {
+        seen += v.visible(i, j);
+        if (v.visible(i, j)) {
+          EXPECT_GE(i, v.row_begin(j0)) << "seed " << seed;
+          EXPECT_LT(i, v.row_end(j1)) << "seed " << seed;
+        }
+      }
+    const int all = (i1 - i0) * (j1 - j0);
+    const BlockVisit got = v.visit(i0, i1, j0, j1);
+    const bool ok = got == BlockVisit::skip ? seen == 0 : got == BlockVisit::full ? seen == all : seen < all || all == 0;
+    const bool exact = v.chunk > 0 || got == (seen == 0 ? BlockVisit::skip : seen == all ? BlockVisit::full : BlockVisit::partial);
+    ASSERT_TRUE(ok && exact) << "visit " << static_cast<int>(got) << ", " << seen << " of " << all << " visible; "
+        << "seed " << seed << " sq=" << sq << " sk=" << sk << " window=(" << left << "," << right << ") chunk=" << v.chunk
+        << " rows [" << i0 << "," << i1 << ") keys [" << j0 << "," << j1 << ")";
   }
 }
 

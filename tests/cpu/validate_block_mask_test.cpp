@@ -26,6 +26,7 @@ struct Problem {
   HostTensor full_num{DType::i32, {2, 4, 3}}, full_idx{DType::i32, {2, 4, 3, 1}}, full_num_b1{DType::i32, {1, 4, 3}};
   HostTensor num_f32{DType::f32, {2, 4, 3}}, num_short{DType::i32, {2, 4, 2}}, num_heads3{DType::i32, {2, 3, 3}};
   HostTensor idx_3d{DType::i32, {2, 4, 3}}, idx_rows{DType::i32, {2, 4, 4, 2}};
+  HostTensor docs_q{DType::i32, {2, 40}}, docs_k{DType::i32, {2, 70}}, docs_f32{DType::f32, {2, 70}};
 
   Problem() {
     q.fill(0.5);
@@ -134,6 +135,40 @@ TEST(ValidateBlockMask, ShapesDtypesAndSizes) {
        {"block_mask.full_kv_num_blocks has shape [1, 4, 3], expected block_mask.kv_num_blocks's [2, 4, 3]"}},
       {"negative chunk", [](BlockMask&, Options& o) { o.chunk_size = -2; }, {"options.chunk_size = -2"}},
   });
+}
+
+// Document ids: both or neither, [batch, seqlen] int32 each.
+TEST(ValidateBlockMask, DocumentIds) {
+  Problem pr;
+  pr.docs_q.fill(0);
+  pr.docs_k.fill(0);
+  struct DocCase {
+    const char* what;
+    const HostTensor *q, *k;
+    std::vector<std::string> fragments;
+  };
+  for (const DocCase& c : std::vector<DocCase>{
+           {"q alone", &pr.docs_q, nullptr, {"document_ids_q and document_ids_k must be given together", "document_ids_k is absent"}},
+           {"k's shape for q", &pr.docs_k, &pr.docs_k, {"document_ids_q has shape [2, 70], expected [2, 40] (batch, seqlen)"}},
+           {"f32 ids", &pr.docs_q, &pr.docs_f32, {"document_ids_k has dtype f32, expected i32"}},
+       }) {
+    SCOPED_TRACE(c.what);
+    ForwardArgs f = pr.forward_args();
+    f.document_ids_q = c.q ? c.q->view() : TensorView{};
+    f.document_ids_k = c.k ? c.k->view() : TensorView{};
+    auto fragments = c.fragments;
+    fragments.push_back("tileattn::forward");
+    test::expect_rejected([&] { forward(f); }, fragments, {&pr.out, &pr.lse});
+    BackwardArgs b = pr.backward_args();
+    b.document_ids_q = f.document_ids_q;
+    b.document_ids_k = f.document_ids_k;
+    fragments.back() = "tileattn::backward";
+    test::expect_rejected([&] { backward(b); }, fragments, {&pr.dq, &pr.dk, &pr.dv});
+  }
+  ForwardArgs f = pr.forward_args();
+  f.document_ids_q = pr.docs_q.view();
+  f.document_ids_k = pr.docs_k.view();
+  EXPECT_NO_THROW(forward(f));
 }
 
 TEST(ValidateBlockMask, CountsAndIndices) {
