@@ -72,6 +72,22 @@ def test_block_sparse_errors_name_the_argument():
         tileattn.block_sparse_forward(q, q, q, num, idx, block_size=(24, 16), backend="cpu_flash")
 
 
+def test_document_ids_numpy_match_oracle():
+    rng = np.random.default_rng()
+    sq, sk = int(rng.integers(1, 150)), int(rng.integers(1, 150))
+    q = rng.standard_normal((2, sq, 2, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, sk, 2, 16)).astype(np.float32) for _ in range(2))
+    ids_q = rng.integers(0, 3, (2, sq)).astype(np.int32)
+    ids_k = rng.integers(0, 3, (2, sk)).astype(np.int32)
+    out, lse = tileattn.block_sparse_forward(q, k, v, document_ids=(ids_q, ids_k), backend="cpu_flash")
+    for b in range(2):
+        vis = ids_q[b][:, None] == ids_k[b][None, :]
+        for h in range(2):
+            head = Head(q[b, :, h], k[b, :, h], v[b, :, h], 0.25, vis)
+            assert_f32_close(out[b, :, h], head.out)
+            assert_f32_close(lse[b, h], head.lse)
+
+
 def test_chunked_local_numpy_matches_oracle():
     rng = np.random.default_rng()
     sq = sk = int(rng.integers(1, 150))
@@ -95,15 +111,16 @@ def _flex():
     return torch, flex
 
 
-def _masks(flex, torch, kind, sq, sk, window=24, doc_len=64):
+def _masks(flex, torch, kind, sq, sk, window=24, batch=2):
     """(mask_mod, tileattn keyword arguments giving the same element mask)."""
     if kind == "causal":
         return (lambda b, h, qi, ki: qi >= ki), dict(causal=True)
     if kind == "window":
         return (lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= window)), dict(causal=True, window_size=(window, 0))
     if kind == "documents":
-        # Documents on block boundaries: every visited block is fully visible, so no element mask.
-        return (lambda b, h, qi, ki: qi // doc_len == ki // doc_len), dict()
+        # Packed documents of random lengths, causal within each: partial blocks at the boundaries.
+        ids = (torch.rand(batch, sq) < 0.03).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+        return (lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)), dict(causal=True, document_ids=ids)
     if kind == "chunked":
         return (lambda b, h, qi, ki: (qi >= ki) & (qi // window == ki // window)), dict(causal=True, chunk_size=window)
     raise ValueError(kind)
@@ -138,14 +155,15 @@ def test_flex_attention_matches_torch(kind, gqa):
     q = torch.randn(batch, hq, sq, d, dtype=torch.float32, requires_grad=True)
     k = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
     v = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
-    mask_mod, kw = _masks(flex, torch, kind, sq, sq)
-    bm = flex.create_block_mask(mask_mod, None, None, sq, sq, device="cpu", BLOCK_SIZE=32)
+    mask_mod, kw = _masks(flex, torch, kind, sq, sq, batch=batch)
+    per_batch = batch if kind == "documents" else None
+    bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cpu", BLOCK_SIZE=32)
     with torch.no_grad():
         want, want_lse = _torch_flex_with_lse(flex, q.detach(), k.detach(), v.detach(), block_mask=bm, enable_gqa=gqa)
     got, lse = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, return_lse=True, **kw)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
-    ref = _dense_reference(torch, q, k, v, flex.create_mask(mask_mod, None, None, sq, sq, device="cpu"))
+    ref = _dense_reference(torch, q, k, v, flex.create_mask(mask_mod, per_batch, None, sq, sq, device="cpu"))
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=2e-5)
     g = torch.randn_like(got)
     want_grads = torch.autograd.grad(ref, (q, k, v), g.double())
