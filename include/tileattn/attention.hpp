@@ -18,6 +18,31 @@
 
 namespace tileattn {
 
+// Block-sparse attention, in the shape of PyTorch FlexAttention's BlockMask. The query rows of a
+// sequence are cut into blocks of block_q rows and its keys into blocks of block_k keys (block
+// sizes positive multiples of 16; FlexAttention's default 128 x 128). For each (batch, query head,
+// query block) the mask lists
+//   kv_num_blocks[b, h, qb] key blocks kv_indices[b, h, qb, 0 .. n) that are partly visible: there
+//     the element mask of the call applies (options' causal, window and chunk_size, and document
+//     ids; none of them set: every element of the block is visible), and
+//   full_kv_num_blocks[b, h, qb] key blocks full_kv_indices[b, h, qb, 0 .. n) that are fully
+//     visible: no element mask at all (optional, both or neither);
+// every other key block is skipped. Entries past a row's count are ignored; a key block may appear
+// at most once per row across both lists, in any order. All int32 on q's device; dims 0 and 1 may be
+// 1 (shared by every sequence or head). Batch index b is the sequence index (varlen included);
+// q_blocks >= ceil(seqlen_q / block_q) (max_seqlen_q for varlen), and indices < ceil(seqlen_k /
+// block_k). Score modifications (scale, softcap, ALiBi) and dropout apply to every visited element.
+// Rows that see no key get out = 0, lse = -inf.
+struct BlockMask {
+  TensorView kv_num_blocks;       // int32 [B, H, q_blocks]
+  TensorView kv_indices;          // int32 [B, H, q_blocks, max_blocks]
+  TensorView full_kv_num_blocks;  // optional int32 [B, H, q_blocks]
+  TensorView full_kv_indices;     // optional int32 [B, H, q_blocks, max_full_blocks]
+  int block_q = 128, block_k = 128;
+
+  bool present() const { return kv_num_blocks.present(); }
+};
+
 struct ForwardArgs {
   TensorView q, k, v;
   TensorView out;
@@ -25,6 +50,11 @@ struct ForwardArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;   // optional: both or neither (varlen)
   int max_seqlen_q = 0, max_seqlen_k = 0;  // varlen only: bounds on the per-sequence lengths
   TensorView alibi_slopes;                 // optional fp32 [heads_q] or [batch, heads_q]
+  // Optional document ids of packed sequences (both or neither), int32 [batch, seqlen_q] and
+  // [batch, seqlen_k] (varlen: [total_q], [total_k]): query row i sees key j only where their ids
+  // are equal, besides the other mask rules. CPU backends only for now.
+  TensorView document_ids_q, document_ids_k;
+  BlockMask block_mask;                    // optional: block-sparse attention (CPU backends only for now)
   Options options;
 };
 
@@ -35,6 +65,8 @@ struct BackwardArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
   TensorView alibi_slopes;
+  TensorView document_ids_q, document_ids_k;
+  BlockMask block_mask;                    // must match the forward's
   Options options;                         // must match the forward's (dropout seed/offset included)
 };
 

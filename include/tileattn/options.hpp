@@ -26,6 +26,10 @@ struct Options {
   MaskAlign align = MaskAlign::bottom_right;  // applies to causal and to the window
   int window_left = -1;                       // keys at most this far left of the diagonal; -1 = unbounded
   int window_right = -1;                      // keys at most this far right; -1 = unbounded (causal => 0)
+  // Chunked-local attention (Llama 4's attention chunks): > 0 = the key axis is cut into chunks of
+  // this many keys and a query row sees only keys of the chunk its diagonal position falls in (with
+  // the same alignment as causal), intersected with causal and the window. 0 = off.
+  int chunk_size = 0;
   float softcap = 0.f;                        // > 0: score = softcap * tanh(score / softcap)
   float dropout_p = 0.f;                      // probability of dropping; kept values scaled by 1/(1-p)
   std::uint64_t seed = 0;                     // dropout: Philox key

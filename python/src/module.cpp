@@ -174,6 +174,7 @@ void bind_options(nb::module_& m) {
       .def_rw("backend", &Options::backend)
       .def_rw("num_splits", &Options::num_splits)
       .def_rw("check_device_indices", &Options::check_device_indices)
+      .def_rw("chunk_size", &Options::chunk_size)
       .def_prop_rw(
           "stream", [](const Options& o) { return reinterpret_cast<std::uintptr_t>(o.stream); },
           [](Options& o, std::uintptr_t s) { o.stream = reinterpret_cast<void*>(s); },
@@ -294,6 +295,61 @@ void bind_calls(nb::module_& m) {
       "out_partial"_a, "lse_partial"_a, "out"_a, "lse"_a = nb::none(), "options"_a = Options(), Release());
 }
 
+// Block-sparse attention and document ids: forward and backward with an optional block mask (see
+// BlockMask in attention.hpp) and optional document ids.
+BlockMask block_mask(const char* fn, const OptIn& num, const OptIn& idx, const OptIn& full_num, const OptIn& full_idx,
+                     int block_q, int block_k) {
+  BlockMask m;
+  m.kv_num_blocks = to_view(fn, "kv_num_blocks", num);
+  m.kv_indices = to_view(fn, "kv_indices", idx);
+  m.full_kv_num_blocks = to_view(fn, "full_kv_num_blocks", full_num);
+  m.full_kv_indices = to_view(fn, "full_kv_indices", full_idx);
+  m.block_q = block_q;
+  m.block_k = block_k;
+  return m;
+}
+
+void bind_block_sparse(nb::module_& m) {
+  using Release = nb::call_guard<nb::gil_scoped_release>;
+  m.def(
+      "forward_block_sparse",
+      [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse, const OptIn& cu_q,
+         const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx,
+         const OptIn& full_num, const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q,
+         const OptIn& docs_k, const Options& o) {
+        ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o);
+        a.block_mask = block_mask("forward", num, idx, full_num, full_idx, block_q, block_k);
+        a.document_ids_q = to_view("forward", "document_ids_q", docs_q);
+        a.document_ids_k = to_view("forward", "document_ids_k", docs_k);
+        tileattn::forward(a);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
+      "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
+      "document_ids_k"_a = nb::none(), "options"_a = Options(), Release());
+
+  m.def(
+      "backward_block_sparse",
+      [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
+         const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
+         int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx, const OptIn& full_num,
+         const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q, const OptIn& docs_k,
+         const Options& o) {
+        BackwardArgs a =
+            backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi, o);
+        a.block_mask = block_mask("backward", num, idx, full_num, full_idx, block_q, block_k);
+        a.document_ids_q = to_view("backward", "document_ids_q", docs_q);
+        a.document_ids_k = to_view("backward", "document_ids_k", docs_k);
+        tileattn::backward(a);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
+      "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
+      "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
+      "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
+      "document_ids_k"_a = nb::none(), "options"_a = Options(), Release());
+}
+
 void bind_runtime(nb::module_& m) {
   // NumPy exports no bfloat16 over DLPack or the buffer protocol (ml_dtypes' bfloat16 is a user
   // dtype), so the Python layer passes such arrays as their uint16 bits, relabeled here.
@@ -381,5 +437,6 @@ NB_MODULE(_C, m) {
 
   bind_options(m);
   bind_calls(m);
+  bind_block_sparse(m);
   bind_runtime(m);
 }

@@ -4,6 +4,8 @@
   packed variants), flash_attn_with_kvcache: flash_attn's functions, for PyTorch tensors (with autograd
   and torch.compile) and NumPy/CuPy arrays (forward).
 - scaled_dot_product_attention: torch.nn.functional's signature on [batch, heads, seq, dim] tensors.
+- flex_attention: block-sparse attention with PyTorch FlexAttention's BlockMask (autograd, torch.compile);
+  block_sparse_forward / block_sparse_backward: the same for any arrays.
 - forward, backward, decode, combine: the C++ entry points with allocated outputs, for NumPy, PyTorch
   and CuPy arrays; tileattn._C has them with caller-allocated outputs for any DLPack array.
 - Error: raised for bad input with the core's message (a ValueError and a RuntimeError).
@@ -20,6 +22,7 @@ from ._config import use_backend
 from ._flash_api import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, \
     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, \
     flash_attn_with_kvcache
+from ._flex import block_sparse_backward, block_sparse_forward, flex_attention
 from ._functional import backward, combine, decode, forward
 from ._sdpa import scaled_dot_product_attention
 
@@ -38,3 +41,4 @@ __all__ = [
     "memory_stats", "num_threads", "reset_peak_memory", "scaled_dot_product_attention", "set_num_threads",
     "use_backend",
 ]
+__all__ += ["block_sparse_backward", "block_sparse_forward", "flex_attention"]

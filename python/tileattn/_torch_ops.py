@@ -136,6 +136,66 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
     return out, lse
 
 
+# tileattn.flex_attention (_flex): block-sparse attention; mask tensors None = dense. No dropout, so
+# nothing random to save.
+@torch.library.custom_op("tileattn::flex_fwd", mutates_args=())
+def flex_fwd(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Optional[Tensor], kv_indices: Optional[Tensor],
+             full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor], document_ids_q: Optional[Tensor],
+             document_ids_k: Optional[Tensor], block_q: int, block_k: int, alibi_slopes: Optional[Tensor],
+             scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
+             chunk_size: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+    from . import _flex
+    return _flex.block_sparse_forward(
+        q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size=(block_q, block_k),
+        alibi_slopes=alibi_slopes, chunk_size=chunk_size, document_ids=(document_ids_q, document_ids_k), scale=scale,
+        causal=causal, top_left=top_left, window_left=window_left, window_right=window_right, softcap=softcap,
+        backend=backend)
+
+
+@flex_fwd.register_fake
+def _(q, k, v, *rest):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    return out, q.new_empty(_lse_shape(q, False), dtype=torch.float32)
+
+
+@torch.library.custom_op("tileattn::flex_bwd", mutates_args=())
+def flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, kv_num_blocks: Optional[Tensor],
+             kv_indices: Optional[Tensor], full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor],
+             document_ids_q: Optional[Tensor], document_ids_k: Optional[Tensor], block_q: int, block_k: int,
+             alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
+             window_right: int, chunk_size: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    from . import _flex
+    return _flex.block_sparse_backward(
+        dout, q, k, v, out, lse, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+        block_size=(block_q, block_k), alibi_slopes=alibi_slopes, chunk_size=chunk_size,
+        document_ids=(document_ids_q, document_ids_k), scale=scale, causal=causal, top_left=top_left,
+        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend)
+
+
+@flex_bwd.register_fake
+def _(dout, q, k, v, out, lse, *rest):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flex_setup(ctx, inputs, output):
+    q, k, v, *mask, block_q, block_k, alibi_slopes = inputs[:12]  # mask: the block lists and document ids
+    ctx.save_for_backward(q, k, v, *output, *mask, alibi_slopes)
+    ctx.params = (block_q, block_k) + tuple(inputs[12:])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _flex_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, *mask, alibi_slopes = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    block_q, block_k, *params = ctx.params
+    dq, dk, dv = flex_bwd(dout, q, k, v, out, lse, *mask, block_q, block_k, alibi_slopes, *params)
+    return (dq, dk, dv) + (None,) * 17
+
+
+torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)
+
+
 @torch.library.custom_op("tileattn::decode", mutates_args=("k_cache", "v_cache"))
 def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
               cache_seqlens: Optional[Tensor], page_table: Optional[Tensor], rotary_cos: Optional[Tensor],

@@ -5,6 +5,7 @@
 #include "common/mask.hpp"
 #include "common/philox.hpp"
 #include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn {
@@ -20,10 +21,14 @@ struct Problem {
   float scale = 1.f;
   bool bottom_right = true;
   int window_left = -1, window_right = -1;  // causal folded in: window_right = 0
+  int chunk = 0;                            // chunked-local attention; 0 = off
   float softcap = 0.f;
   float dropout_p = 0.f;
   bool has_alibi = false;
   bool alibi_per_batch = false;  // slopes [batch, heads_q] rather than [heads_q]
+  bool documents = false;  // forward/backward: document ids given
+  // Block-sparse (forward and backward): the block mask's block sizes; 0 = no block mask.
+  int block_q = 0, block_k = 0;
   // Decode only.
   bool paged = false;
   int page_size = 0;
@@ -38,6 +43,18 @@ struct Problem {
   Mask mask(int sq, int sk) const { return Mask(sq, sk, bottom_right, window_left, window_right); }
   ScoreMod score_mod(float alibi_slope) const { return ScoreMod{scale, softcap, alibi_slope}; }
   Dropout dropout(const Options& o) const { return Dropout(dropout_p, o.seed, o.offset); }
+  bool block_sparse() const { return block_q > 0; }
+  // The variant of one sequence of sq query rows and sk keys; ALiBi's slope is set per head.
+  Variant variant(int sq, int sk, const Options& o) const {
+    Variant v;
+    v.mask = mask(sq, sk);
+    v.chunk = chunk;
+    v.score = score_mod(0.f);
+    v.alibi = has_alibi;
+    v.dropout = dropout_p > 0.f;
+    v.drop = dropout(o);
+    return v;
+  }
 };
 
 Problem validate(const ForwardArgs& a);

@@ -16,6 +16,7 @@
 #include "core/checked.hpp"
 #include "core/overlap.hpp"
 #include "core/problem.hpp"
+#include "core/validate_variant.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn {
@@ -186,6 +187,7 @@ void check_options(const char* fn, const Options& o, Problem& p) {
     fail(fn, "options.dropout_p = ", o.dropout_p, ", expected 0 <= p < 1");
   p.dropout_p = o.dropout_p;
   if (o.num_splits < 0) fail(fn, "options.num_splits = ", o.num_splits, ", expected >= 0 (0 = heuristic)");
+  check_variant_options(fn, o, p);
 }
 
 void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem& p) {
@@ -419,6 +421,8 @@ static Problem validate_forward(const ForwardArgs& a) {
   const char* fn = "forward";
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
+  check_block_mask(fn, a.block_mask, a.q.device, p);
+  check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
                           {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}},
@@ -435,6 +439,8 @@ static Problem validate_backward(const BackwardArgs& a) {
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
+  check_block_mask(fn, a.block_mask, a.q.device, p);
+  check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_like(fn, "dout", a.dout, "out", a.out);
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);

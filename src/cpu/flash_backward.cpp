@@ -16,6 +16,7 @@
 
 #include "core/backends.hpp"
 #include "cpu/amx.hpp"
+#include "cpu/block_sparse.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
@@ -81,8 +82,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   };
   const std::int64_t qblocks = (static_cast<std::int64_t>(p.seqlen_q) + kBr - 1) / kBr;
   const std::int64_t qtasks = static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks;
-  const ScoreMod sm = p.score_mod(0.f);
-  const float qscale = query_prescale(sm);
+  const float qscale = query_prescale(p.score_mod(0.f));
 
   const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
   const std::int64_t qst = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
@@ -132,9 +132,12 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
     }
   });
 
-  // Pass 2.
-  const bool dropout = p.dropout_p > 0.f, softcap = sm.softcap > 0.f;
-  const Dropout drop = p.dropout(a.options);
+  // Pass 2. Under a block-sparse mask key tiles stay inside key blocks and each key block visits
+  // the query blocks of its transposed mask.
+  const bool dropout = p.dropout_p > 0.f, softcap = p.softcap > 0.f;
+  const BlockTiling ktiling(kBc, p.block_k);
+  const std::optional<TransposedBlockMask> sparse =
+      p.block_sparse() ? std::optional<TransposedBlockMask>(std::in_place, p, a.block_mask) : std::nullopt;
   const int Dk = amx::pad32(D), DVk = amx::pad32(DV);  // AMX: K's and V's rows in whole tile columns
   const std::size_t kc = kBc, kr = kBr;
   const std::size_t work_floats = kc * (Dp + DVp) + 3 * kc * kr +
@@ -163,13 +166,14 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int grp = static_cast<int>(t % groups), g = static_cast<int>(t / groups % p.heads_kv);
       const int b = static_cast<int>(t / groups / p.heads_kv);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      const Mask mask = p.mask(s.sq, s.sk);
+      Variant var = p.variant(s.sq, s.sk, a.options);
+      set_documents(p, a.document_ids_q, a.document_ids_k, b, s, var);
       const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
       const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
       const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
       const std::int64_t vs = (p.varlen ? a.v.stride[0] : a.v.stride[1]) * es;
-      for (int j0 = grp * kBc; j0 < s.sk; j0 += groups * kBc) {
-        const int nk = std::min(kBc, s.sk - j0), j1 = j0 + nk;
+      for (std::int64_t kti = grp; ktiling.start(kti) < s.sk; kti += groups) {
+        const int j0 = ktiling.start(kti), nk = std::min(ktiling.size(kti), s.sk - j0), j1 = j0 + nk;
         const int keys16 = amx::pad16(nk), keys32 = amx::pad32(nk);
         // AMX: K's and V's rows are the A of S^T and dP^T.
         const void* kt = nullptr;
@@ -185,69 +189,101 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         }
         std::memset(dK, 0, sizeof(float) * kBc * Dp);
         std::memset(dV, 0, sizeof(float) * kBc * DVp);
-        // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i. Whole
-        // query tiles are taken; their rows outside that range are masked out entirely.
-        const int ilo = mask.block_row_begin(j0), ihi = mask.block_row_end(j1);
+        // One query tile against this key tile, `rows` set; `full`: a block mask's fully visible
+        // block (no element mask).
+        auto tile = [&](int h, int qb, bool full) {
+          const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
+          const QueryTile qt(packed + (h * tiles_total + tile_index(b, qb)) * tile_floats, D, DV, on_amx);
+          float* dq = part(grp, h, row_index(b, s, i0));
+          if (on_amx) {
+            amx::product(kt, kts, qt.Qd, kBr * 4, S, kBr * 4, keys16, kBr, Dk, false);
+            ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
+            amx::product(vt, vts, qt.dOd, kBr * 4, dP, kBr * 4, keys16, kBr, DVk, false);
+          } else {
+            Gemm(Kj, Dp, 1, qt.QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+            ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
+            Gemm(Vj, DV, 1, qt.dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+          }
+          if (!full && var.documents()) DocumentTile(var, rows, S, j0, nk);
+          if (dropout) DropTile(var, rows, dP, j0, nk);
+          const VF keep_scale = hn::Set(df, dropout ? var.drop.keep_scale : 1.f);
+          const VF scale = hn::Set(df, var.score.scale);
+          for (int v = 0; v < kBr; v += N) {
+            const VF lv = hn::LoadU(df, qt.L + v), dv = hn::LoadU(df, qt.Dr + v);
+            for (int jj = 0; jj < nk; ++jj) {
+              const VF pj = Exp2(df, hn::Sub(hn::LoadU(df, S + jj * kBr + v), lv));
+              hn::StoreU(pj, df, S + jj * kBr + v);
+              VF ds = hn::Mul(pj, hn::MulSub(hn::LoadU(df, dP + jj * kBr + v), keep_scale, dv));
+              if (softcap) {
+                const VF th = hn::LoadU(df, Th + jj * kBr + v);
+                ds = hn::Mul(ds, hn::Mul(scale, hn::NegMulAdd(th, th, hn::Set(df, 1.f))));
+              } else {
+                ds = hn::Mul(ds, scale);
+              }
+              hn::StoreU(ds, df, dP + jj * kBr + v);
+            }
+          }
+          if (dropout) {
+            DropTile(var, rows, S, j0, nk);
+            for (int e = 0; e < nk * kBr; e += N)
+              hn::StoreU(hn::Mul(hn::LoadU(df, S + e), keep_scale), df, S + e);
+          }
+          if (on_amx) {
+            // Key rows nk..keys16 of S and dP came from zero rows of K and V: they add nothing.
+            amx::round(S, keys16 * kBr, Pb);
+            amx::product(Pb, kBr * 2, qt.dO2, DVp * 4, dV, DVp * 4, keys16, DVp, kBr, true);
+            amx::round(dP, keys16 * kBr, dSb);
+            amx::product(dSb, kBr * 2, qt.Q2, Dp * 4, dK, Dp * 4, keys16, Dp, kBr, true);
+            amx::transpose_round(dP, nk, keys32, dSr);
+            amx::product(dSr, keys32 * 2, K2, Dp * 4, dQt, Dp * 4, kBr, Dp, keys32, false);
+            // The tile's rows past n belong to the next sequence's partial (or lie past the last).
+            for (int r = 0; r < n; ++r)
+              for (int c = 0; c < Dp; c += N)
+                hn::StoreU(hn::Add(hn::LoadU(df, dq + r * Dp + c), hn::LoadU(df, dQt + r * Dp + c)), df, dq + r * Dp + c);
+          } else {
+            Gemm(S, kBr, 1, qt.dOr, DVp, dV, DVp, nk, DVp, n);
+            Gemm(dP, kBr, 1, qt.Qr, Dp, dK, Dp, nk, Dp, n);
+            Gemm(dP, 1, kBr, Kj, Dp, dq, Dp, n, Dp, nk);
+          }
+        };
         for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
           const float slope = alibi_slope(p, a.alibi_slopes, b, h);
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
-          for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
-            const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
-            const QueryTile qt(packed + (h * tiles_total + tile_index(b, qb)) * tile_floats, D, DV, on_amx);
-            float* dq = part(grp, h, row_index(b, s, i0));
-            rows.reset();
-            for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
-            rows.finish(n);
-            if (on_amx) {
-              amx::product(kt, kts, qt.Qd, kBr * 4, S, kBr * 4, keys16, kBr, Dk, false);
-              ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
-              amx::product(vt, vts, qt.dOd, kBr * 4, dP, kBr * 4, keys16, kBr, DVk, false);
-            } else {
-              Gemm(Kj, Dp, 1, qt.QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
-              ScoreTile(sm, p.has_alibi, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
-              Gemm(Vj, DV, 1, qt.dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+          if (!sparse) {
+            // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i.
+            // Whole query tiles are taken; their rows outside that range are masked out entirely.
+            const int ilo = var.row_begin(j0), ihi = var.row_end(j1);
+            for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
+              const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
+              rows.reset();
+              for (int r = 0; r < n; ++r) rows.set(r, var, i0 + r, slope, bh);
+              rows.finish(n);
+              tile(h, qb, false);
             }
-            if (dropout) DropTile(drop, rows, dP, j0, nk);
-            const VF keep_scale = hn::Set(df, dropout ? drop.keep_scale : 1.f);
-            const VF scale = hn::Set(df, sm.scale);
-            for (int v = 0; v < kBr; v += N) {
-              const VF lv = hn::LoadU(df, qt.L + v), dv = hn::LoadU(df, qt.Dr + v);
-              for (int jj = 0; jj < nk; ++jj) {
-                const VF pj = Exp2(df, hn::Sub(hn::LoadU(df, S + jj * kBr + v), lv));
-                hn::StoreU(pj, df, S + jj * kBr + v);
-                VF ds = hn::Mul(pj, hn::MulSub(hn::LoadU(df, dP + jj * kBr + v), keep_scale, dv));
-                if (softcap) {
-                  const VF th = hn::LoadU(df, Th + jj * kBr + v);
-                  ds = hn::Mul(ds, hn::Mul(scale, hn::NegMulAdd(th, th, hn::Set(df, 1.f))));
-                } else {
-                  ds = hn::Mul(ds, scale);
-                }
-                hn::StoreU(ds, df, dP + jj * kBr + v);
-              }
-            }
-            if (dropout) {
-              DropTile(drop, rows, S, j0, nk);
-              for (int e = 0; e < nk * kBr; e += N)
-                hn::StoreU(hn::Mul(hn::LoadU(df, S + e), keep_scale), df, S + e);
-            }
-            if (on_amx) {
-              // Key rows nk..keys16 of S and dP came from zero rows of K and V: they add nothing.
-              amx::round(S, keys16 * kBr, Pb);
-              amx::product(Pb, kBr * 2, qt.dO2, DVp * 4, dV, DVp * 4, keys16, DVp, kBr, true);
-              amx::round(dP, keys16 * kBr, dSb);
-              amx::product(dSb, kBr * 2, qt.Q2, Dp * 4, dK, Dp * 4, keys16, Dp, kBr, true);
-              amx::transpose_round(dP, nk, keys32, dSr);
-              amx::product(dSr, keys32 * 2, K2, Dp * 4, dQt, Dp * 4, kBr, Dp, keys32, false);
-              // The tile's rows past n belong to the next sequence's partial (or lie past the last).
-              for (int r = 0; r < n; ++r)
-                for (int c = 0; c < Dp; c += N)
-                  hn::StoreU(hn::Add(hn::LoadU(df, dq + r * Dp + c), hn::LoadU(df, dQt + r * Dp + c)), df, dq + r * Dp + c);
-            } else {
-              Gemm(S, kBr, 1, qt.dOr, DVp, dV, DVp, nk, DVp, n);
-              Gemm(dP, kBr, 1, qt.Qr, Dp, dK, Dp, nk, Dp, n);
-              Gemm(dP, 1, kBr, Kj, Dp, dq, Dp, n, Dp, nk);
-            }
+            continue;
           }
+          // The query blocks that visit this key block: their rows see all of it (full) or the
+          // variant's keys of it (partial: only rows the variant lets see this key tile at all);
+          // rows of a query tile outside that see nothing.
+          sparse->for_each(b, h, ktiling.block_of(kti), [&](int qblk, bool full) {
+            int qlo = qblk * p.block_q, qhi = std::min(s.sq, qlo + p.block_q);
+            if (!full) qlo = std::max(qlo, var.row_begin(j0)), qhi = std::min(qhi, var.row_end(j1));
+            for (int qb = qlo / kBr; qb * kBr < qhi; ++qb) {
+              const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
+              rows.reset();
+              for (int r = 0; r < n; ++r) {
+                const int i = i0 + r;
+                if (i < qlo || i >= qhi)
+                  rows.set(r, var, i, slope, bh, 0, 0);
+                else if (full)
+                  rows.set(r, var, i, slope, bh, j0, j1);
+                else
+                  rows.set(r, var, i, slope, bh);
+              }
+              rows.finish(n);
+              tile(h, qb, full);
+            }
+          });
         }
         for (int j = 0; j < nk; ++j) {
           StoreRow(dK + j * Dp, ptr(a.dk, b, s.k0 + j0 + j, g), D);

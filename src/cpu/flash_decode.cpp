@@ -75,11 +75,6 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
   const std::int64_t out_rows = static_cast<std::int64_t>(p.batch) * p.heads_q * sq;  // [b][h][i]
   float* Opart = splits > 1 ? ws.floats(static_cast<std::size_t>(splits) * out_rows * DV) : nullptr;
   float* Lpart = splits > 1 ? ws.floats(static_cast<std::size_t>(splits) * out_rows) : nullptr;
-  AttendShape sh;
-  sh.d = D;
-  sh.dv = DV;
-  sh.sm = p.score_mod(0.f);
-  sh.alibi = p.has_alibi;
   // Every query row at the cache length, or at consecutive positions when the mask is causal or
   // windowed (flash_attn_with_kvcache's rule, as the API documents).
 
@@ -93,12 +88,15 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
       const int len = cache_len(b), sk = len + p.seqlen_new;
       const int chunk = ((sk + splits - 1) / splits + kBc - 1) / kBc * kBc;
       const int lo = std::min(sk, split * chunk), hi = std::min(sk, lo + chunk);
-      const Mask mask = p.mask(sq, sk);
+      AttendShape sh;
+      sh.d = D;
+      sh.dv = DV;
+      sh.var = p.variant(sq, sk, a.options);
       const int r0 = qt * kBr, n = std::min(kBr, rows_per_group - r0);
       rows.reset();
       for (int r = 0; r < n; ++r) {
         const int h = g * group + (r0 + r) / sq, i = (r0 + r) % sq;
-        rows.set(r, mask, i, alibi_slope(p, a.alibi_slopes, b, h), 0);
+        rows.set(r, sh.var, i, alibi_slope(p, a.alibi_slopes, b, h), 0);
       }
       rows.finish(n);
       auto emit = [&](int r, const float* o, float lse) {
@@ -120,7 +118,7 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
             if (p.rotary_dim > 0) rotate(dst, len + (p.rotary_per_row ? i : 0));
           },
           [&](int j) { return static_cast<const T*>(cache_row(a.k_cache, b, j, g)); },
-          [&](int j) { return static_cast<const T*>(cache_row(a.v_cache, b, j, g)); }, 0, 0, lo, hi, tiles, emit);
+          [&](int j) { return static_cast<const T*>(cache_row(a.v_cache, b, j, g)); }, 0, 0, DenseKeys{lo, hi}, tiles, emit);
     }
   });
   if (splits == 1) return;

@@ -6,8 +6,11 @@
 #define HWY_TARGET_INCLUDE "cpu/flash_forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <optional>
+
 #include "core/backends.hpp"
 #include "cpu/amx.hpp"
+#include "cpu/block_sparse.hpp"
 #include "cpu/kv_copy.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
@@ -45,10 +48,12 @@ inline constexpr float kMaxSlack = 8.f;
 // packed once per query tile, P rounded to bf16 (as on the GPU) in pairs of keys, V^T from KVCopy's
 // blocks (vt) or, where there are none, transposed here step by step. Steps follow the blocks of
 // kVTKeys keys over [key_lo, key_hi), the first from key_lo rounded down to 32 (the mask keeps each
-// row to its own keys). Query row r lies at q + r * qs, key row j at k + j * ks and v + j * vs (bytes).
-template <class Emit>
+// row to its own keys; key ranges from `keys` start on multiples of 32 where they are full). Query
+// row r lies at q + r * qs, key row j at k + j * ks and v + j * vs (bytes).
+template <class Keys, class Emit>
 void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, std::ptrdiff_t qs, const char* k,
-                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, const char* vt, float* tiles, Emit emit) {
+                   std::ptrdiff_t ks, const char* v, std::ptrdiff_t vs, const char* vt, const Keys& keys, float* tiles,
+                   Emit emit) {
   const int dp = amx::pad32(sh.d), dvp = amx::pad16(sh.dv);
   auto* qt = reinterpret_cast<std::uint32_t*>(tiles);                  // [dp / 2][kBr] pairs
   auto* stage = reinterpret_cast<std::uint16_t*>(qt + dp / 2 * kBr);  // [kVTKeys][dp]
@@ -68,48 +73,66 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
   bool first = true;
   // Without ALiBi or a softcap, a tile inside every row's key range needs only the scale, which
   // the softmax applies on its way (no pass of its own).
-  const bool scale_only = !sh.alibi && sh.sm.softcap <= 0.f;
-  for (int j0 = rows.key_lo / 32 * 32, j1; j0 < rows.key_hi; j0 = j1) {
-    j1 = std::min(rows.key_hi, (j0 / kVTKeys + 1) * kVTKeys);
-    const int nk = j1 - j0, keys32 = amx::pad32(nk);
-    std::ptrdiff_t kts = ks;
-    const void* kt = amx::rows_operand(k + j0 * ks, kts, nk, sh.d, stage);
-    amx::product(kt, kts, qt, kRow, S, kRow, amx::pad16(nk), kBr, dp, false);
-    const bool masked = !rows.full(j0, j1);
-    if (scale_only && !masked) {
-      SoftmaxStep<3>(S, nk, m, l, alpha, sh.sm.scale * kLog2e, kMaxSlack);
-    } else {
-      ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, masked);
-      SoftmaxStep<3>(S, nk, m, l, alpha, 1.f, kMaxSlack);
+  const bool scale_only = !sh.var.alibi && sh.var.score.softcap <= 0.f;
+  keys(rows, [&](int key_lo, int key_hi, bool full) {
+    for (int j0 = key_lo / 32 * 32, j1; j0 < key_hi; j0 = j1) {
+      j1 = std::min(key_hi, (j0 / kVTKeys + 1) * kVTKeys);
+      const int nk = j1 - j0, keys32 = amx::pad32(nk);
+      std::ptrdiff_t kts = ks;
+      const void* kt = amx::rows_operand(k + j0 * ks, kts, nk, sh.d, stage);
+      amx::product(kt, kts, qt, kRow, S, kRow, amx::pad16(nk), kBr, dp, false);
+      const bool masked = !full && !rows.full(j0, j1), documents = !full && sh.var.documents();
+      if (scale_only && !masked && !documents) {
+        SoftmaxStep<3>(S, nk, m, l, alpha, sh.var.score.scale * kLog2e, kMaxSlack);
+      } else {
+        ScoreTile(sh.var, rows, S, nullptr, j0, nk, masked);
+        if (documents) DocumentTile(sh.var, rows, S, j0, nk);
+        SoftmaxStep<3>(S, nk, m, l, alpha, 1.f, kMaxSlack);
+      }
+      if (sh.var.dropout) DropTile(sh.var, rows, S, j0, nk);
+      if (!first) RescaleColumns(OT, dvp, alpha);
+      amx::pair_round(S, nk, keys32, pt);
+      const void* va = vstage;
+      if (vt != nullptr)
+        va = vt + j0 / kVTKeys * vt_block_bytes(sh.dv) + j0 % kVTKeys * 2;
+      else
+        amx::transpose_rows(v + j0 * vs, vs, nk, keys32, sh.dv, vstage, kVTKeys);
+      amx::product(va, kVTRow, pt, kRow, OT, kRow, dvp, kBr, keys32, !first);
+      first = false;
     }
-    if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
-    if (!first) RescaleColumns(OT, dvp, alpha);
-    amx::pair_round(S, nk, keys32, pt);
-    const void* va = vstage;
-    if (vt != nullptr)
-      va = vt + j0 / kVTKeys * vt_block_bytes(sh.dv) + j0 % kVTKeys * 2;
-    else
-      amx::transpose_rows(v + j0 * vs, vs, nk, keys32, sh.dv, vstage, kVTKeys);
-    amx::product(va, kVTRow, pt, kRow, OT, kRow, dvp, kBr, keys32, !first);
-    first = false;
-  }
+  });
   amx::transpose(OT, dvp, kBr, S);
   EmitRows(sh, rows, first, m, l, S, dvp, 1, row, emit);
 }
 
+// A block-sparse mask's key blocks for one query tile (inside query block qb): full blocks whole,
+// partial ones clipped to the rows' key range (the variant masks them per element).
+struct SparseKeys {
+  const BlockMaskRows* mask;
+  int b, h, qb, block_k, sk;
+  template <class Visit>
+  void operator()(const TileRows& rows, Visit visit) const {
+    mask->for_each(b, h, qb, [&](int kb, bool full) {
+      const int j0 = kb * block_k, j1 = std::min(sk, j0 + block_k);
+      if (full)
+        visit(j0, j1, true);
+      else
+        visit(std::max(j0, rows.key_lo), std::min(j1, rows.key_hi), false);
+    });
+  }
+};
+
 template <class T>
 void ForwardT(const Problem& p, const ForwardArgs& a) {
-  const std::int64_t qblocks = (static_cast<std::int64_t>(p.seqlen_q) + flash::kBr - 1) / flash::kBr;
-  AttendShape sh;
-  sh.d = p.hdim_qk;
-  sh.dv = p.hdim_v;
-  sh.sm = p.score_mod(0.f);
-  sh.alibi = p.has_alibi;
-  sh.dropout = p.dropout_p > 0.f;
-  sh.drop = p.dropout(a.options);
+  // Query tiles of kBr rows, inside one query block of a block-sparse mask.
+  const BlockTiling qtiling(flash::kBr, p.block_q);
+  const std::int64_t qblocks = qtiling.tiles(p.seqlen_q);
+  const std::optional<BlockMaskRows> sparse =
+      p.block_sparse() ? std::optional<BlockMaskRows>(std::in_place, a.block_mask) : std::nullopt;
   const std::size_t es = sizeof(T);
   const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
-  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
+  // AMX steps through keys from multiples of 32: block-sparse key blocks must start on them.
+  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available() && p.block_k % 32 == 0;
   // A caller's workspace below workspace_size bounds the copies (more waves).
   const KVCopy kv(p, a, a.options.workspace != nullptr ? flash::usable_bytes(a.options) : kKVCopyBudget);
   flash::Workspace ws(a.options, kv.bytes());
@@ -136,14 +159,18 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
           if (u + 1 < u1) fill.help(u + 1);
           continue;
         }
-        const int qb = static_cast<int>(qblocks - 1 - t % qblocks);
+        const std::int64_t qt = qblocks - 1 - t % qblocks;
         const int b = static_cast<int>(u / p.heads_kv), g = static_cast<int>(u % p.heads_kv);
         const int h = g * group + static_cast<int>(t / qblocks);
         const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-        const int i0 = qb * flash::kBr;
+        const int i0 = qtiling.start(qt);
         if (i0 >= s.sq) continue;
-        const int n = std::min(flash::kBr, s.sq - i0);
-        const Mask mask = p.mask(s.sq, s.sk);
+        const int n = std::min(qtiling.size(qt), s.sq - i0);
+        AttendShape sh;
+        sh.d = p.hdim_qk;
+        sh.dv = p.hdim_v;
+        sh.var = p.variant(s.sq, s.sk, a.options);
+        set_documents(p, a.document_ids_q, a.document_ids_k, b, s, sh.var);
         const float slope = alibi_slope(p, a.alibi_slopes, b, h);
         const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
         const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;
@@ -152,7 +179,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         for (int r = 0; r < n; ++r)
           for (std::size_t c = 0; c < p.hdim_qk * es; c += 64) hwy::Prefetch(q0 + r * qs + c);
         rows.reset();
-        for (int r = 0; r < n; ++r) rows.set(r, mask, i0 + r, slope, bh);
+        for (int r = 0; r < n; ++r) rows.set(r, sh.var, i0 + r, slope, bh);
         rows.finish(n);
         auto qrow = [&](int r, float* dst) { LoadRow(reinterpret_cast<const T*>(q0 + r * qs), dst, p.hdim_qk); };
         auto emit = [&](int r, const float* o, float lse) {
@@ -162,17 +189,23 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         };
         fill.await(u);
         const KVRows kvr = kv.rows(copies, u0, u);
-        if (on_amx) {
-          AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, kvr.vt, tiles, emit);
-          continue;
-        }
-        // Dense fp32 rows are read where they lie; others are copied a tile at a time, 16-bit
-        // ones widened on the way.
-        const bool f32 = std::is_same_v<T, float>;
-        const std::ptrdiff_t ldk = f32 && kvr.ks == 4 * sh.d ? sh.d : 0, ldv = f32 && kvr.vs == 4 * sh.dv ? sh.dv : 0;
-        AttendTile<T>(
-            sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kvr.k + j * kvr.ks); },
-            [&](int j) { return reinterpret_cast<const T*>(kvr.v + j * kvr.vs); }, ldk, ldv, 0, s.sk, tiles, emit);
+        auto attend = [&](const auto& keys) {
+          if (on_amx) {
+            AttendTileAmx(sh, rows, q0, qs, kvr.k, kvr.ks, kvr.v, kvr.vs, kvr.vt, keys, tiles, emit);
+            return;
+          }
+          // Dense fp32 rows are read where they lie; others are copied a tile at a time, 16-bit
+          // ones widened on the way.
+          const bool f32 = std::is_same_v<T, float>;
+          const std::ptrdiff_t ldk = f32 && kvr.ks == 4 * sh.d ? sh.d : 0, ldv = f32 && kvr.vs == 4 * sh.dv ? sh.dv : 0;
+          AttendTile<T>(
+              sh, rows, qrow, [&](int j) { return reinterpret_cast<const T*>(kvr.k + j * kvr.ks); },
+              [&](int j) { return reinterpret_cast<const T*>(kvr.v + j * kvr.vs); }, ldk, ldv, keys, tiles, emit);
+        };
+        if (sparse)
+          attend(SparseKeys{&*sparse, b, h, qtiling.block_of(qt), p.block_k, s.sk});
+        else
+          attend(DenseKeys{0, s.sk});
       }
     });
   }

@@ -22,9 +22,7 @@
 #include <type_traits>
 
 #include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/philox.hpp"
-#include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "cpu/flash_common.hpp"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -240,12 +238,15 @@ struct TileRows {
     key_lo = key_hi = kb_max = 0;
     ke_min = std::numeric_limits<int>::max();
   }
-  // Row r is query row `row` of a sequence with mask m; empty rows never widen the key range.
-  void set(int r, const Mask& m, int row, float slope, std::uint32_t bh_r) {
-    const int b = m.key_begin(row), e = m.key_end(row);
+  // Row r is query row `row` of a sequence with variant v; empty rows never widen the key range.
+  void set(int r, const Variant& v, int row, float slope, std::uint32_t bh_r) {
+    set(r, v, row, slope, bh_r, v.key_begin(row), v.key_end(row));
+  }
+  // The same with the visible keys [b, e) given (a block-sparse backward restricts them).
+  void set(int r, const Variant& v, int row, float slope, std::uint32_t bh_r, int b, int e) {
     kb[r] = static_cast<float>(b);
     ke[r] = static_cast<float>(e);
-    pos[r] = static_cast<float>(row + m.diag_offset);
+    pos[r] = static_cast<float>(v.position(row));
     slope2[r] = slope * kLog2e;
     bh[r] = bh_r;
     i[r] = static_cast<std::uint32_t>(row);
@@ -305,10 +306,13 @@ HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, f
   }
 }
 
-// ALiBi slopes come per row from `rows` (a GQA-packed decode tile mixes heads); `alibi` says on.
-// A prescaled tile that needs no ALiBi and no mask is already done.
-HWY_INLINE void ScoreTile(const ScoreMod& sm, bool alibi, const TileRows& rows, float* S, float* t, int j0,
-                          int nk, bool masked, bool prescaled = false) {
+// The variant's score transform and mask, vectorized (one copy for every CPU kernel). ALiBi slopes
+// come per row from `rows` (a GQA-packed decode tile mixes heads); var.alibi says on. A prescaled
+// tile that needs no ALiBi and no mask is already done.
+HWY_INLINE void ScoreTile(const Variant& var, const TileRows& rows, float* S, float* t, int j0, int nk, bool masked,
+                          bool prescaled = false) {
+  const ScoreMod& sm = var.score;
+  const bool alibi = var.alibi;
   const bool cap = sm.softcap > 0.f;
   const bool ps = prescaled;
   if (cap) {
@@ -324,8 +328,10 @@ HWY_INLINE void ScoreTile(const ScoreMod& sm, bool alibi, const TileRows& rows, 
 // log2 e, unless a softcap needs the raw product.
 inline float query_prescale(const ScoreMod& sm) { return sm.softcap > 0.f ? 1.f : sm.scale * kLog2e; }
 
-// Zeroes the dropped elements of a probability tile P^T [nk][kBr] (keys from j0).
-HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, int j0, int nk) {
+// Zeroes the dropped elements of a probability tile P^T [nk][kBr] (keys from j0): the variant's
+// keep bit, four columns per Philox draw.
+HWY_INLINE void DropTile(const Variant& var, const TileRows& rows, float* P, int j0, int nk) {
+  const Dropout& drop = var.drop;
   for (int r = 0; r < rows.n; ++r) {
     unsigned bits = 0;
     for (int jj = 0; jj < nk; ++jj) {
@@ -333,6 +339,16 @@ HWY_INLINE void DropTile(const Dropout& drop, const TileRows& rows, float* P, in
       if (jj == 0 || (j & 3) == 0) bits = drop.keep4(rows.bh[r], rows.i[r], static_cast<std::uint32_t>(j) >> 2);
       if (!((bits >> (j & 3)) & 1u)) P[jj * kBr + r] = 0.f;
     }
+  }
+}
+
+// Masks the elements of a score tile S^T [nk][kBr] (keys from j0) whose query row and key lie in
+// different documents (the variant's document ids): a scalar pass, on tiles that need it only.
+HWY_INLINE void DocumentTile(const Variant& var, const TileRows& rows, float* S, int j0, int nk) {
+  for (int jj = 0; jj < nk; ++jj) {
+    const int dk = var.doc_k[(j0 + jj) * var.doc_k_stride];
+    for (int r = 0; r < rows.n; ++r)
+      if (var.doc_q[static_cast<long long>(rows.i[r]) * var.doc_q_stride] != dk) S[jj * kBr + r] = -kInf;
   }
 }
 
@@ -382,12 +398,22 @@ HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, 
   }
 }
 
+// A query tile's attention: head dims and the sequence's variant.
 struct AttendShape {
   int d = 0, dv = 0;
-  ScoreMod sm;
-  bool alibi = false;
-  bool dropout = false;
-  Dropout drop;
+  Variant var;
+};
+
+// The keys a query tile visits, as calls visit(j0, j1, full) over disjoint ranges: `full` when
+// every element of the range is visible (no element mask; a block-sparse mask's full blocks),
+// otherwise tiles of the range are masked where they cut a row's key range.
+// DenseKeys: one range, keys [lo, hi) clipped to the rows' key range.
+struct DenseKeys {
+  int lo = 0, hi = 0;
+  template <class Visit>
+  HWY_INLINE void operator()(const TileRows& rows, Visit visit) const {
+    visit(std::max(lo, rows.key_lo), std::min(hi, rows.key_hi), false);
+  }
 };
 
 // The end of a query tile: emit(r, o, lse) per valid row r with o its normalized output (fp32, dv
@@ -397,7 +423,7 @@ struct AttendShape {
 template <class Emit>
 HWY_INLINE void EmitRows(const AttendShape& sh, const TileRows& rows, bool none, const float* m, const float* l,
                          const float* O, std::ptrdiff_t rs, std::ptrdiff_t cs, float* row, Emit emit) {
-  const float keep_scale = sh.dropout ? sh.drop.keep_scale : 1.f;
+  const float keep_scale = sh.var.dropout ? sh.var.drop.keep_scale : 1.f;
   for (int r = 0; r < rows.n; ++r) {
     if (none || l[r] == 0.f) {
       for (int c = 0; c < sh.dv; ++c) row[c] = 0.f;
@@ -411,11 +437,11 @@ HWY_INLINE void EmitRows(const AttendShape& sh, const TileRows& rows, bool none,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Online-softmax attention of one query tile over keys [key_lo, key_hi) of its rows (clipped to
-// [lo, hi)); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give key row j. With T
-// = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in place; otherwise each
-// key tile is copied (widened) into a dense one first. S = Q K^T and O += P V per key tile, fully
-// masked tiles skipped, only tiles that cut a row's key range masked per element; the rows end in
+// Online-softmax attention of one query tile over the key ranges `keys` gives (DenseKeys, or a
+// block-sparse mask's blocks); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give
+// key row j. With T = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in
+// place; otherwise each key tile is copied (widened) into a dense one first. S = Q K^T and O += P V
+// per key tile, only tiles that cut a row's key range masked per element; the rows end in
 // EmitRows.
 
 // Floats of per-thread tiles AttendTile needs.
@@ -425,9 +451,9 @@ inline std::size_t attend_tile_floats(int d, int dv) {
          static_cast<std::size_t>(dv) * kBr + 3 * kBr + std::max(d, dv);
 }
 
-template <class T, class QRow, class KRow, class VRow, class Emit>
+template <class T, class QRow, class KRow, class VRow, class Keys, class Emit>
 HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qrow, KRow krow, VRow vrow,
-                           std::ptrdiff_t ldk, std::ptrdiff_t ldv, int lo, int hi, float* tiles, Emit emit) {
+                           std::ptrdiff_t ldk, std::ptrdiff_t ldv, const Keys& keys, float* tiles, Emit emit) {
   const int D = sh.d, DV = sh.dv;
   float* QT = tiles;                  // [D][kBr]
   float* Kt = QT + D * kBr;           // [kBc][D]
@@ -440,8 +466,8 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
   float* row = alpha + kBr;           // [max(D, DV)] one row
 
   // Q^T carrying the scale where it can, padding rows zero.
-  const float qscale = query_prescale(sh.sm);
-  const bool prescaled = sh.sm.softcap <= 0.f;
+  const float qscale = query_prescale(sh.var.score);
+  const bool prescaled = sh.var.score.softcap <= 0.f;
   for (int r = 0; r < kBr; ++r) {
     if (r < rows.n) {
       qrow(r, row);
@@ -452,26 +478,28 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
   }
   SoftmaxInit(m, l);
 
-  const int key_lo = std::max(lo, rows.key_lo), key_hi = std::min(hi, rows.key_hi);
   bool first = true;
-  for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
-    const int nk = std::min(kBc, key_hi - j0);
-    const float* K = Kt;
-    const float* V = Vt;
-    std::ptrdiff_t kld = D, vld = DV;
-    if constexpr (std::is_same_v<T, float>) {
-      if (ldk > 0) K = krow(j0), kld = ldk;
-      if (ldv > 0) V = vrow(j0), vld = ldv;
+  keys(rows, [&](int key_lo, int key_hi, bool full) {
+    for (int j0 = key_lo; j0 < key_hi; j0 += kBc) {
+      const int nk = std::min(kBc, key_hi - j0);
+      const float* K = Kt;
+      const float* V = Vt;
+      std::ptrdiff_t kld = D, vld = DV;
+      if constexpr (std::is_same_v<T, float>) {
+        if (ldk > 0) K = krow(j0), kld = ldk;
+        if (ldv > 0) V = vrow(j0), vld = ldv;
+      }
+      if (K == Kt) LoadTile<T>(krow, j0, nk, D, D, Kt);
+      if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
+      Gemm(K, kld, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+      ScoreTile(sh.var, rows, S, nullptr, j0, nk, !full && !rows.full(j0, j0 + nk), prescaled);
+      if (!full && sh.var.documents()) DocumentTile(sh.var, rows, S, j0, nk);
+      SoftmaxStep(S, nk, m, l, alpha);
+      if (sh.var.dropout) DropTile(sh.var, rows, S, j0, nk);
+      Gemm(V, 1, vld, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
+      first = false;
     }
-    if (K == Kt) LoadTile<T>(krow, j0, nk, D, D, Kt);
-    if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
-    Gemm(K, kld, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
-    ScoreTile(sh.sm, sh.alibi, rows, S, nullptr, j0, nk, !rows.full(j0, j0 + nk), prescaled);
-    SoftmaxStep(S, nk, m, l, alpha);
-    if (sh.dropout) DropTile(sh.drop, rows, S, j0, nk);
-    Gemm(V, 1, vld, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
-    first = false;
-  }
+  });
 
   EmitRows(sh, rows, first, m, l, OT, 1, kBr, row, emit);
 }

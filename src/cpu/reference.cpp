@@ -37,12 +37,26 @@ struct Head {
   double slope = 0;
   std::uint32_t bh = 0;
   std::vector<double> q, k, v;  // [sq, d], [sk, d], [sk, dv]
+  // Block-sparse: the block mask materialized, [query block][key block]: 0 skipped, 1 partly
+  // visible (the element rules apply), 2 fully visible. Empty: no block mask.
+  std::vector<unsigned char> blocks;
+  long kblocks = 0;
+  std::vector<std::int32_t> doc_q, doc_k;  // document ids of the rows and keys; empty: none
 
   long diag(int i) const { return p->bottom_right ? static_cast<long>(i) + sk - sq : i; }
-  bool visible(int i, int j) const {
+  // The element rules: window (causal folded in) and the attention chunk.
+  bool element_visible(int i, int j) const {
     if (p->window_left >= 0 && j < diag(i) - p->window_left) return false;
     if (p->window_right >= 0 && j > diag(i) + p->window_right) return false;
+    if (p->chunk > 0 && std::floor(static_cast<double>(diag(i)) / p->chunk) != std::floor(static_cast<double>(j) / p->chunk))
+      return false;
+    if (!doc_q.empty() && doc_q[i] != doc_k[j]) return false;
     return true;
+  }
+  bool visible(int i, int j) const {
+    if (blocks.empty()) return element_visible(i, j);
+    const unsigned char state = blocks[(i / p->block_q) * kblocks + j / p->block_k];
+    return state == 2 || (state == 1 && element_visible(i, j));
   }
   double capped(double qk) const {  // scale and softcap, before ALiBi
     double s = qk * p->scale;
@@ -125,6 +139,41 @@ std::vector<double> gather(const TensorView& t, bool varlen, int b, std::int64_t
   return m;
 }
 
+// Sequence b's document ids, where the call has them.
+void gather_documents(const Problem& p, const TensorView& ids_q, const TensorView& ids_k, int b, const Seq& s, Head& hd) {
+  if (!p.documents) return;
+  auto ids = [&](const TensorView& t, std::int64_t row0, int n) {
+    std::vector<std::int32_t> v(n);
+    for (int i = 0; i < n; ++i)
+      v[i] = p.varlen ? t.ptr<const std::int32_t>()[(row0 + i) * t.stride[0]]
+                      : t.ptr<const std::int32_t>()[b * t.stride[0] + i * t.stride[1]];
+    return v;
+  };
+  hd.doc_q = ids(ids_q, s.q0, s.sq);
+  hd.doc_k = ids(ids_k, s.k0, s.sk);
+}
+
+// Row (b, h) of a block mask as a dense table (see Head::blocks).
+void materialize_blocks(const Problem& p, const BlockMask& m, int b, int h, Head& hd) {
+  if (!m.present()) return;
+  const long qblocks = (p.seqlen_q + p.block_q - 1) / p.block_q;
+  hd.kblocks = (p.seqlen_k + p.block_k - 1) / p.block_k;
+  hd.blocks.assign(static_cast<std::size_t>(qblocks * hd.kblocks), 0);
+  const std::int64_t mb = m.kv_num_blocks.shape[0] == 1 ? 0 : b, mh = m.kv_num_blocks.shape[1] == 1 ? 0 : h;
+  auto mark = [&](const TensorView& num, const TensorView& idx, unsigned char state) {
+    for (long qb = 0; qb < qblocks; ++qb) {
+      const std::int32_t n = num.ptr<const std::int32_t>()[mb * num.stride[0] + mh * num.stride[1] + qb * num.stride[2]];
+      for (std::int32_t e = 0; e < n; ++e) {
+        const std::int32_t kb = idx.ptr<const std::int32_t>()[mb * idx.stride[0] + mh * idx.stride[1] +
+                                                              qb * idx.stride[2] + e * idx.stride[3]];
+        hd.blocks[qb * hd.kblocks + kb] = state;
+      }
+    }
+  };
+  mark(m.kv_num_blocks, m.kv_indices, 1);
+  if (m.full_kv_num_blocks.present()) mark(m.full_kv_num_blocks, m.full_kv_indices, 2);
+}
+
 Head make_head(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& slopes, int b, int h, const Seq& s) {
   Head hd;
@@ -161,7 +210,9 @@ void reference_forward(const Problem& p, const ForwardArgs& a, RefPrecision prec
     for (std::int64_t t = begin; t < end; ++t) {
       const int b = static_cast<int>(t / p.heads_q), h = static_cast<int>(t % p.heads_q);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
-      const Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
+      Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
+      materialize_blocks(p, a.block_mask, b, h, hd);
+      gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
       std::vector<double> O, L;
       attend(hd, r, drop, O, L);
       store_out(p, a.out, a.lse, b, h, s.q0, O, L);
@@ -180,7 +231,9 @@ void reference_backward(const Problem& p, const BackwardArgs& a, RefPrecision pr
       std::vector<double> dK(static_cast<std::size_t>(s.sk) * p.hdim_qk, 0.0);
       std::vector<double> dV(static_cast<std::size_t>(s.sk) * p.hdim_v, 0.0);
       for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
-        const Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
+        Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
+        materialize_blocks(p, a.block_mask, b, h, hd);
+        gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
         const std::vector<double> dO = gather(a.dout, p.varlen, b, s.q0, s.sq, h, p.hdim_v);
         std::vector<double> P, qk, L;
         probabilities(hd, r, P, qk, L);

@@ -16,12 +16,28 @@
 
 namespace tileattn::test {
 
+// A block-sparse mask of a case: the state of every (mask batch, mask head, query block, key
+// block), 0 skipped, 1 partly visible, 2 fully visible. block_q == 0: no block mask.
+struct SparseSpec {
+  int block_q = 0, block_k = 0;
+  int batches = 1, heads = 1, qblocks = 0, kblocks = 0;
+  bool full_lists = true;  // fully visible blocks listed as such (else there are none)
+  std::string pattern;
+  std::vector<unsigned char> state;  // [batches][heads][qblocks][kblocks]
+
+  unsigned char& at(int b, int h, int q, int k) {
+    return state[((static_cast<std::size_t>(b) * heads + h) * qblocks + q) * kblocks + k];
+  }
+};
+
 struct Case {
   DType dtype = DType::f32;
   int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, seqlen_k = 1, hdim = 8, hdim_v = 8;
   bool varlen = false, bhsd = false, alibi = false, alibi_per_batch = false;
+  bool documents = false;  // document ids: runs of random lengths, or (unsorted) random small ids
   std::vector<int> lens_q, lens_k;  // varlen: per-sequence lengths (seqlen_q/k = their maxima)
   Options options;
+  SparseSpec sparse;
 
   std::string str() const {
     std::ostringstream os;
@@ -31,6 +47,11 @@ struct Case {
        << (options.align == MaskAlign::top_left ? " top_left" : "") << " window=(" << options.window_left << ","
        << options.window_right << ") softcap=" << options.softcap << (alibi ? " alibi" : "")
        << (alibi_per_batch ? "/batch" : "") << " dropout=" << options.dropout_p;
+    if (options.chunk_size) os << " chunk=" << options.chunk_size;
+    if (documents) os << " documents";
+    if (sparse.block_q)
+      os << " block_mask=" << sparse.pattern << " " << sparse.block_q << "x" << sparse.block_k << " dims=" << sparse.batches
+         << "," << sparse.heads << (sparse.full_lists ? "" : " no-full-lists");
     if (options.scale) os << " scale=" << *options.scale;
     if (varlen) {
       os << " lens_q=";
@@ -92,7 +113,58 @@ inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
     o.offset = rng();
   }
   if (coin(0.15)) o.scale = std::uniform_real_distribution<float>(0.02f, 0.4f)(rng);
+  if (coin(0.15)) o.chunk_size = coin(0.3) ? uni(1, 8) : uni(1, std::max(1, c.seqlen_k + 4));
+  c.documents = coin(0.12);
   return c;
+}
+
+// Gives a case a random block mask: block sizes multiples of 16 (48 and 80 among them: key blocks
+// that do not start on a multiple of 32 or of the CPU tiles), the mask's batch and head dims full
+// or 1, and a pattern: random blocks at a random density, all full, all partial, one block, whole
+// query-block rows empty, or causal as blocks (full below the diagonal, partial on it).
+inline void add_random_block_mask(Case& c, std::mt19937_64& rng) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  const std::vector<int> sizes{16, 32, 48, 64, 80, 128};
+  SparseSpec& m = c.sparse;
+  m.block_q = sizes[uni(0, 5)];
+  m.block_k = sizes[uni(0, 5)];
+  m.batches = coin(0.5) ? 1 : c.batch;
+  m.heads = coin(0.5) ? 1 : c.heads_q;
+  m.qblocks = (c.seqlen_q + m.block_q - 1) / m.block_q + (coin(0.2) ? 1 : 0);  // extra rows are ignored
+  m.kblocks = (c.seqlen_k + m.block_k - 1) / m.block_k;
+  m.full_lists = coin(0.8);
+  m.state.assign(static_cast<std::size_t>(m.batches) * m.heads * m.qblocks * m.kblocks, 0);
+  const int kind = uni(0, 6);
+  const double density = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  m.pattern = std::vector<std::string>{"random", "random", "all-full", "all-partial", "one-block", "empty-rows",
+                                       "causal-blocks"}[kind];
+  for (int b = 0; b < m.batches; ++b)
+    for (int h = 0; h < m.heads; ++h)
+      for (int q = 0; q < m.qblocks; ++q) {
+        const bool empty_row = kind == 5 && coin(0.5);
+        for (int k = 0; k < m.kblocks; ++k) {
+          unsigned char st = 0;
+          switch (kind) {
+            case 2: st = 2; break;
+            case 3: st = 1; break;
+            case 4: st = (q == 0 && k == 0) ? static_cast<unsigned char>(uni(1, 2)) : 0; break;
+            case 6: {
+              // Block (q, k) against the top-left causal diagonal of its rows and keys.
+              const int r0 = q * m.block_q, r1 = r0 + m.block_q - 1, k0 = k * m.block_k, k1 = k0 + m.block_k - 1;
+              st = k1 <= r0 ? 2 : k0 <= r1 ? 1 : 0;
+              break;
+            }
+            default: st = empty_row ? 0 : coin(density) ? static_cast<unsigned char>(uni(1, 2)) : 0;
+          }
+          m.at(b, h, q, k) = m.full_lists ? st : (st ? 1 : 0);
+        }
+      }
+  if (kind == 6) {
+    c.options.causal = true;
+    c.options.window_right = -1;
+    c.options.align = MaskAlign::top_left;
+  }
 }
 
 // A random case in bf16 at the head dims models use (over up to max_len keys, several tiles): on a
@@ -108,6 +180,8 @@ inline Case random_bf16_model_case(std::mt19937_64& rng, int max_len) {
 // Host tensors of one case, filled with N(0, 1) inputs (slopes in (0, 0.5)).
 struct CaseTensors {
   HostTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes;
+  HostTensor kv_num, kv_idx, full_num, full_idx;  // the block mask, when the case has one
+  HostTensor doc_q, doc_k;                        // document ids, when the case has them
 
   explicit CaseTensors(const Case& c, std::mt19937_64& rng) {
     const DType t = c.dtype;
@@ -146,6 +220,89 @@ struct CaseTensors {
       std::uniform_real_distribution<double> u(0.0, 0.5);
       for (std::int64_t i = 0; i < slopes.numel(); ++i) slopes.set(i, u(rng));
     }
+    if (c.sparse.block_q) block_mask_tensors(c.sparse, rng);
+    if (c.documents) document_tensors(c, rng);
+  }
+
+  // Per sequence, ids in runs of random lengths (packed documents) or, a third of the time, random
+  // ids from {0, 1, 2} (any equality pattern).
+  void document_tensors(const Case& c, std::mt19937_64& rng) {
+    auto ids = [&](int len) {
+      std::vector<int> v(len);
+      const bool runs = std::bernoulli_distribution(0.67)(rng);
+      int id = 0;
+      for (int i = 0; i < len; ++i) {
+        if (runs) {
+          if (i > 0 && std::bernoulli_distribution(0.06)(rng)) ++id;
+          v[i] = id;
+        } else {
+          v[i] = std::uniform_int_distribution<int>(0, 2)(rng);
+        }
+      }
+      return v;
+    };
+    auto fill = [&](HostTensor& t, const std::vector<int>& lens, int len) {
+      if (c.varlen) {
+        std::int64_t total = 0;
+        for (int l : lens) total += l;
+        t = HostTensor(DType::i32, {total});
+        std::int64_t at = 0;
+        for (int l : lens)
+          for (int x : ids(l)) t.set(at++, x);
+      } else {
+        t = HostTensor(DType::i32, {c.batch, len});
+        for (int b = 0; b < c.batch; ++b) {
+          const std::vector<int> v = ids(len);
+          for (int i = 0; i < len; ++i) t.set(static_cast<std::int64_t>(b) * len + i, v[i]);
+        }
+      }
+    };
+    fill(doc_q, c.lens_q, c.seqlen_q);
+    fill(doc_k, c.lens_k, c.seqlen_k);
+  }
+
+  // The block lists of a SparseSpec, each row's blocks in random order, the entries past a row's
+  // count filled with junk (never read).
+  void block_mask_tensors(SparseSpec m, std::mt19937_64& rng) {
+    const std::int64_t B = m.batches, H = m.heads, Q = m.qblocks;
+    auto lists = [&](unsigned char want, HostTensor& num, HostTensor& idx) {
+      std::vector<std::vector<int>> rows;
+      std::size_t width = 0;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int q = 0; q < Q; ++q) {
+            std::vector<int> r;
+            for (int k = 0; k < m.kblocks; ++k)
+              if (m.at(b, h, q, k) == want) r.push_back(k);
+            std::shuffle(r.begin(), r.end(), rng);
+            width = std::max(width, r.size());
+            rows.push_back(r);
+          }
+      width += std::uniform_int_distribution<int>(0, 2)(rng);
+      num = HostTensor(DType::i32, {B, H, Q});
+      idx = HostTensor(DType::i32, {B, H, Q, static_cast<std::int64_t>(width)});
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        num.set(static_cast<std::int64_t>(r), static_cast<double>(rows[r].size()));
+        for (std::size_t e = 0; e < width; ++e)
+          idx.set(static_cast<std::int64_t>(r * width + e), e < rows[r].size() ? rows[r][e] : -7 - static_cast<int>(e));
+      }
+    };
+    lists(1, kv_num, kv_idx);
+    if (m.full_lists) lists(2, full_num, full_idx);
+  }
+
+  BlockMask block_mask(const Case& c) const {
+    BlockMask m;
+    if (!c.sparse.block_q) return m;
+    m.kv_num_blocks = kv_num.view();
+    m.kv_indices = kv_idx.view();
+    if (c.sparse.full_lists) {
+      m.full_kv_num_blocks = full_num.view();
+      m.full_kv_indices = full_idx.view();
+    }
+    m.block_q = c.sparse.block_q;
+    m.block_k = c.sparse.block_k;
+    return m;
   }
 
   ForwardArgs forward(const Case& c) const {
@@ -162,6 +319,11 @@ struct CaseTensors {
       a.max_seqlen_k = c.seqlen_k;
     }
     if (c.alibi) a.alibi_slopes = slopes.view();
+    a.block_mask = block_mask(c);
+    if (c.documents) {
+      a.document_ids_q = doc_q.view();
+      a.document_ids_k = doc_k.view();
+    }
     a.options = c.options;
     return a;
   }
@@ -183,6 +345,9 @@ struct CaseTensors {
     a.max_seqlen_q = f.max_seqlen_q;
     a.max_seqlen_k = f.max_seqlen_k;
     a.alibi_slopes = f.alibi_slopes;
+    a.block_mask = f.block_mask;
+    a.document_ids_q = f.document_ids_q;
+    a.document_ids_k = f.document_ids_k;
     a.options = c.options;
     return a;
   }

@@ -67,6 +67,24 @@ TEST(FlashBackward, Bf16ModelHeadDimsMatchReference) {
   expect_sweep_matches_reference(40, [](std::mt19937_64& rng) { return random_bf16_model_case(rng, 200); });
 }
 
+// Block-sparse masks of every pattern: the backward walks the transposed mask.
+TEST(FlashBackward, BlockSparseSweepMatchesReference) {
+  expect_sweep_matches_reference(120, [](std::mt19937_64& rng) {
+    Case c = random_case(rng, 160);
+    add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
+TEST(FlashBackward, BlockSparseBf16ModelHeadDimsMatchReference) {
+  RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
+  expect_sweep_matches_reference(20, [](std::mt19937_64& rng) {
+    Case c = random_bf16_model_case(rng, 200);
+    add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
 // options.deterministic: bitwise the same gradients across runs and thread counts.
 TEST(FlashBackward, DeterministicAcrossThreadCounts) {
   const std::uint64_t seed = fresh_seed();

@@ -27,7 +27,7 @@ struct DecodeCase {
        << " capacity=" << capacity << " page_size=" << page_size << " rotary=" << rotary_dim
        << (interleaved ? "i" : "") << (alibi ? " alibi" : "") << (options.causal ? " causal" : "")
        << " window=(" << options.window_left << "," << options.window_right << ") softcap=" << options.softcap
-       << " splits=" << options.num_splits << " lens=";
+       << " chunk=" << options.chunk_size << " splits=" << options.num_splits << " lens=";
     for (int l : lens) os << l << ",";
     return os.str();
   }
@@ -63,6 +63,7 @@ DecodeCase random_decode_case(std::mt19937_64& rng) {
   o.causal = coin(0.4);
   if (coin(0.2)) o.window_left = uni(0, 200);
   if (coin(0.15)) o.softcap = 10.f;
+  if (coin(0.15)) o.chunk_size = uni(1, 300);
   o.num_splits = std::vector<int>{0, 0, 1, 2, 3, 7}[uni(0, 5)];
   return c;
 }

@@ -72,6 +72,27 @@ TEST(FlashForward, Bf16ModelHeadDimsMatchReference) {
   expect_sweep_matches_reference(60, [](std::mt19937_64& rng) { return random_bf16_model_case(rng, 300); });
 }
 
+// Block-sparse masks of every pattern (random blocks, all full, all partial, one block, empty rows,
+// causal as blocks) over the sweep's options, layouts, grouped heads and varlen batches.
+TEST(FlashForward, BlockSparseSweepMatchesReference) {
+  expect_sweep_matches_reference(200, [](std::mt19937_64& rng) {
+    Case c = random_case(rng, 200);
+    add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
+// The same in bf16 at model head dims: on a CPU with AMX the tile-unit path where key blocks start
+// on multiples of 32.
+TEST(FlashForward, BlockSparseBf16ModelHeadDimsMatchReference) {
+  RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
+  expect_sweep_matches_reference(30, [](std::mt19937_64& rng) {
+    Case c = random_bf16_model_case(rng, 300);
+    add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
 // bf16 over 4k+ keys at head dim 128 (K and V past a core's L2, dozens of key blocks per tile): on
 // a CPU with AMX, the tile-unit path under the sweep's options.
 TEST(FlashForward, Bf16LongKeysMatchReference) {

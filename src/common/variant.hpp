@@ -1,0 +1,116 @@
+// The attention variant of one sequence: everything that differs between attention flavours, in one
+// host/device type built once per call (Problem::variant) and handed to the kernels' tile loops.
+//   score:      scale, softcap and ALiBi (ScoreMod), and the derivative the backward needs;
+//   visibility: causal or window in either alignment (Mask), chunked-local attention, and document
+//               ids of packed sequences;
+//   keep:       dropout's Philox bit (Dropout);
+//   blocks:     which keys a block of query rows visits (fully, partly or not at all), and the
+//               transpose for the backward (which query rows a block of keys meets).
+// Every visibility rule here but document ids gives each query row one contiguous range of keys
+// whose ends never decrease with the row, so a tile of rows needs only per-row bounds and block
+// ranges stay dense; document ids are an element test on top (same_document).
+// Block-sparse masks (an explicit list of key blocks per query block) sit on top of it: their
+// partly visible blocks take this element mask.
+#pragma once
+
+#include "common/hd.hpp"
+#include "common/mask.hpp"
+#include "common/philox.hpp"
+#include "common/score_mod.hpp"
+
+namespace tileattn {
+
+// How a block of query rows meets a block of keys.
+enum class BlockVisit : unsigned char { skip, partial, full };
+
+struct Variant {
+  Mask mask;          // causal / window geometry of the sequence
+  int chunk = 0;      // chunked-local attention: > 0 = a query sees only keys of its own chunk
+  ScoreMod score;     // slope left 0: ALiBi's slope is per head (with_slope)
+  bool alibi = false;
+  bool dropout = false;
+  Dropout drop;
+  // Document ids of the sequence's query rows and keys (row i's at doc_q[i * doc_q_stride]); null:
+  // none.
+  const int* doc_q = nullptr;
+  const int* doc_k = nullptr;
+  long long doc_q_stride = 1, doc_k_stride = 1;
+
+  // floor(x / chunk) * chunk for any sign of x (a query's position may be negative when
+  // seqlen_q > seqlen_k under bottom-right alignment).
+  TA_HD int chunk_start(int x) const {
+    const int q = x / chunk;
+    return (q - (x % chunk != 0 && x < 0 ? 1 : 0)) * chunk;
+  }
+  // The position of query row i on the key axis (where its diagonal meets the keys).
+  TA_HD int position(int i) const { return i + mask.diag_offset; }
+
+  // Visible keys of row i: [key_begin(i), key_end(i)), possibly empty; both ends non-decreasing in i.
+  TA_HD int key_begin(int i) const {
+    int b = mask.key_begin(i);
+    if (chunk > 0) {
+      const int c = chunk_start(position(i));
+      b = c > b ? c : b;
+    }
+    return b;
+  }
+  TA_HD int key_end(int i) const {
+    int e = mask.key_end(i);
+    if (chunk > 0) {
+      const int c = chunk_start(position(i)) + chunk;
+      e = c < e ? c : e;
+    }
+    return e;
+  }
+  TA_HD bool documents() const { return doc_q != nullptr; }
+  TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
+  TA_HD bool visible(int i, int j) const {
+    return j >= key_begin(i) && j < key_end(i) && (!documents() || same_document(i, j));
+  }
+
+  // Rows that may see a key of [j0, j1) (j0 < j1): [row_begin(j0), row_end(j1)), a superset
+  // where the rules combine, possibly empty. For the backward, which walks rows per key block.
+  TA_HD int row_begin(int j0) const {
+    int b = mask.block_row_begin(j0);
+    if (chunk > 0) {
+      const int c = chunk_start(j0) - mask.diag_offset;
+      b = c > b ? c : b;
+    }
+    return b;
+  }
+  TA_HD int row_end(int j1) const {
+    int e = mask.block_row_end(j1);
+    if (chunk > 0) {
+      const int c = chunk_start(j1 - 1) + chunk - mask.diag_offset;
+      e = c < e ? c : e;
+    }
+    return e < 0 ? 0 : e;
+  }
+
+  // Rows [i0, i1) (non-empty) against keys [j0, j1): from the end rows' ranges, since the ends
+  // never decrease with the row. Exact for causal and window; under chunks a partial block may
+  // see nothing (rows of two chunks around keys between them), under document ids a block
+  // inside the ranges is partial.
+  TA_HD BlockVisit visit(int i0, int i1, int j0, int j1) const {
+    if (j0 >= key_end(i1 - 1) || j1 <= key_begin(i0)) return BlockVisit::skip;
+    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !documents()) return BlockVisit::full;
+    return BlockVisit::partial;
+  }
+
+  // The modified score of raw product qk at (i, j), natural-log units; its derivative in qk given
+  // the value before ALiBi (capped).
+  TA_HD float modified(float qk, int i, int j) const { return score(qk, i, j, mask.diag_offset); }
+  TA_HD float dscore(float capped) const { return score.dscore(capped); }
+  // The same variant with head h's ALiBi slope.
+  TA_HD Variant with_slope(float slope) const {
+    Variant v = *this;
+    v.score.alibi = slope;
+    return v;
+  }
+  // Dropout: whether element (bh, i, j) is kept (always, without dropout).
+  TA_HD bool keep(unsigned bh, int i, int j) const {
+    return !dropout || drop.keep(bh, static_cast<unsigned>(i), static_cast<unsigned>(j));
+  }
+};
+
+}  // namespace tileattn

@@ -1,0 +1,150 @@
+#include "core/validate_variant.hpp"
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tileattn/error.hpp"
+
+namespace tileattn {
+namespace {
+
+template <class... Ts>
+[[noreturn]] void fail(const char* fn, const Ts&... parts) {
+  std::ostringstream os;
+  os << "tileattn::" << fn << ": ";
+  (os << ... << parts);
+  throw Error(os.str());
+}
+
+std::string shape_of(const TensorView& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << "]";
+  return os.str();
+}
+
+// Rank, dtype and device of one of the mask's int32 tensors.
+void check_int_tensor(const char* fn, const char* name, const TensorView& t, int ndim, const Device& dev) {
+  if (t.ndim != ndim) fail(fn, "block_mask.", name, " must have ", ndim, " dimensions, got shape ", shape_of(t));
+  if (t.dtype != DType::i32) fail(fn, "block_mask.", name, " has dtype ", dtype_name(t.dtype), ", expected i32");
+  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+    fail(fn, "block_mask.", name, " is not on q's device");
+  for (int d = 0; d < ndim; ++d)
+    if (t.shape[d] < 0) fail(fn, "block_mask.", name, ".shape[", d, "] = ", t.shape[d], " is negative");
+  if (t.numel() > 0 && t.data == nullptr) fail(fn, "block_mask.", name, " has a null data pointer");
+}
+
+std::int32_t at(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t n = 0) {
+  return t.ptr<const std::int32_t>()[b * t.stride[0] + h * t.stride[1] + q * t.stride[2] + (t.ndim == 4 ? n * t.stride[3] : 0)];
+}
+
+}  // namespace
+
+void check_variant_options(const char* fn, const Options& o, Problem& p) {
+  if (o.chunk_size < 0) fail(fn, "options.chunk_size = ", o.chunk_size, ", expected >= 0 (0 = off)");
+  // A chunk at least as long as both sequences puts every non-negative position in chunk 0 and
+  // every negative one (rows above the first key, bottom-right) in chunk -1, as any longer chunk
+  // does: capping it keeps the chunk arithmetic within int.
+  p.chunk = o.chunk_size == 0 ? 0 : std::min(o.chunk_size, std::max({1, p.seqlen_q, p.seqlen_k}));
+}
+
+void check_documents(const char* fn, const TensorView& ids_q, const TensorView& ids_k, const Device& dev,
+                     std::int64_t total_q, std::int64_t total_k, Problem& p) {
+  if (!ids_q.present() && !ids_k.present()) return;
+  if (!ids_q.present() || !ids_k.present())
+    fail(fn, "document_ids_q and document_ids_k must be given together (",
+         ids_q.present() ? "document_ids_k" : "document_ids_q", " is absent)");
+  auto check = [&](const char* name, const TensorView& t, std::int64_t rows, std::int64_t cols) {
+    const int ndim = p.varlen ? 1 : 2;
+    const bool shape_ok = t.ndim == ndim && (p.varlen ? t.shape[0] == cols : t.shape[0] == rows && t.shape[1] == cols);
+    if (!shape_ok) {
+      if (p.varlen) fail(fn, name, " has shape ", shape_of(t), ", expected [", cols, "] (the packed tokens)");
+      fail(fn, name, " has shape ", shape_of(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
+    }
+    if (t.dtype != DType::i32) fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected i32");
+    if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+      fail(fn, name, " is not on q's device");
+    if (t.numel() > 0 && t.data == nullptr) fail(fn, name, " has a null data pointer");
+  };
+  check("document_ids_q", ids_q, p.batch, p.varlen ? total_q : p.seqlen_q);
+  check("document_ids_k", ids_k, p.batch, p.varlen ? total_k : p.seqlen_k);
+  p.documents = true;
+}
+
+void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Problem& p) {
+  const bool any = m.kv_num_blocks.present() || m.kv_indices.present() || m.full_kv_num_blocks.present() ||
+                   m.full_kv_indices.present();
+  if (!any) return;
+  if (!m.kv_num_blocks.present() || !m.kv_indices.present())
+    fail(fn, "block_mask.kv_num_blocks and block_mask.kv_indices must be given together (",
+         m.kv_num_blocks.present() ? "kv_indices" : "kv_num_blocks", " is absent)");
+  const bool full = m.full_kv_num_blocks.present() || m.full_kv_indices.present();
+  if (full && !(m.full_kv_num_blocks.present() && m.full_kv_indices.present()))
+    fail(fn, "block_mask.full_kv_num_blocks and block_mask.full_kv_indices must be given together (",
+         m.full_kv_num_blocks.present() ? "full_kv_indices" : "full_kv_num_blocks", " is absent)");
+  if (m.block_q < 16 || m.block_q % 16 != 0 || m.block_k < 16 || m.block_k % 16 != 0)
+    fail(fn, "block_mask.block_q = ", m.block_q, ", block_mask.block_k = ", m.block_k,
+         ", block sizes must be positive multiples of 16");
+  const std::int64_t qblocks = (static_cast<std::int64_t>(p.seqlen_q) + m.block_q - 1) / m.block_q;
+  const std::int64_t kblocks = (static_cast<std::int64_t>(p.seqlen_k) + m.block_k - 1) / m.block_k;
+
+  check_int_tensor(fn, "kv_num_blocks", m.kv_num_blocks, 3, dev);
+  const TensorView& num = m.kv_num_blocks;
+  const std::int64_t B = num.shape[0], H = num.shape[1];
+  if ((B != 1 && B != p.batch) || (H != 1 && H != p.heads_q) || num.shape[2] < qblocks)
+    fail(fn, "block_mask.kv_num_blocks has shape ", shape_of(num), ", expected [1 or batch = ", p.batch,
+         ", 1 or heads_q = ", p.heads_q, ", >= ", qblocks, "] (query blocks: ceil(", p.seqlen_q, " / block_q = ",
+         m.block_q, "))");
+  auto check_indices = [&](const char* name, const TensorView& idx, const char* num_name, const TensorView& n) {
+    check_int_tensor(fn, name, idx, 4, dev);
+    if (idx.shape[0] != n.shape[0] || idx.shape[1] != n.shape[1] || idx.shape[2] != n.shape[2])
+      fail(fn, "block_mask.", name, " has shape ", shape_of(idx), ", its first three dimensions must match block_mask.",
+           num_name, "'s ", shape_of(n));
+  };
+  check_indices("kv_indices", m.kv_indices, "kv_num_blocks", num);
+  if (full) {
+    check_int_tensor(fn, "full_kv_num_blocks", m.full_kv_num_blocks, 3, dev);
+    if (m.full_kv_num_blocks.shape[0] != B || m.full_kv_num_blocks.shape[1] != H ||
+        m.full_kv_num_blocks.shape[2] != num.shape[2])
+      fail(fn, "block_mask.full_kv_num_blocks has shape ", shape_of(m.full_kv_num_blocks),
+           ", expected block_mask.kv_num_blocks's ", shape_of(num));
+    check_indices("full_kv_indices", m.full_kv_indices, "full_kv_num_blocks", m.full_kv_num_blocks);
+  }
+  p.block_q = m.block_q;
+  p.block_k = m.block_k;
+  // Device-resident values cannot be read here; a backend that takes them checks them itself.
+  if (dev.type != DeviceType::cpu) return;
+
+  // Per row of the mask: counts within the list and the key blocks, indices in range, each key
+  // block at most once across both lists.
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(kblocks), -1);
+  std::int64_t row_id = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t q = 0; q < qblocks; ++q, ++row_id) {
+        auto walk = [&](const char* num_name, const TensorView& n, const char* idx_name, const TensorView& idx) {
+          const std::int64_t count = at(n, b, h, q);
+          if (count < 0 || count > idx.shape[3] || count > kblocks)
+            fail(fn, "block_mask.", num_name, "[", b, ", ", h, ", ", q, "] = ", count, ", expected 0 <= count <= ",
+                 std::min(idx.shape[3], kblocks), " (block_mask.", idx_name, ".shape[3] = ", idx.shape[3], ", ", kblocks,
+                 " key blocks: ceil(", p.seqlen_k, " / block_k = ", p.block_k, "))");
+          for (std::int64_t e = 0; e < count; ++e) {
+            const std::int64_t kb = at(idx, b, h, q, e);
+            if (kb < 0 || kb >= kblocks)
+              fail(fn, "block_mask.", idx_name, "[", b, ", ", h, ", ", q, ", ", e, "] = ", kb, " is outside [0, ", kblocks,
+                   ") (key blocks: ceil(", p.seqlen_k, " / block_k = ", p.block_k, "))");
+            if (seen[kb] == row_id)
+              fail(fn, "block_mask: key block ", kb, " appears twice in row [", b, ", ", h, ", ", q,
+                   "] of kv_indices and full_kv_indices (", idx_name, "[..., ", e, "])");
+            seen[kb] = row_id;
+          }
+        };
+        walk("kv_num_blocks", num, "kv_indices", m.kv_indices);
+        if (full) walk("full_kv_num_blocks", m.full_kv_num_blocks, "full_kv_indices", m.full_kv_indices);
+      }
+}
+
+}  // namespace tileattn

@@ -1,0 +1,23 @@
+// Validation of the variant options and of the block mask: kept apart from the core's other checks
+// (validate.cpp calls them) so that each stays small. Same contract: a clear tileattn::Error naming
+// the argument and values, before anything is written.
+#pragma once
+
+#include "core/problem.hpp"
+
+namespace tileattn {
+
+// options.chunk_size; fills p.chunk. Needs p's sequence lengths.
+void check_variant_options(const char* fn, const Options& o, Problem& p);
+
+// Document ids of a forward or backward call (absent: nothing to check); sets p.documents. Needs
+// p's batch and sequence lengths (varlen: the packed token counts total_q, total_k).
+void check_documents(const char* fn, const TensorView& ids_q, const TensorView& ids_k, const Device& dev,
+                     std::int64_t total_q, std::int64_t total_k, Problem& p);
+
+// The block mask of a forward or backward call (absent: nothing to check); fills p.block_q and
+// p.block_k. Needs p's batch, heads and sequence lengths. Host-resident counts and indices are
+// checked element by element.
+void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Problem& p);
+
+}  // namespace tileattn

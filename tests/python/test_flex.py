@@ -1,0 +1,201 @@
+"""Block-sparse attention from Python: block_sparse_forward/backward on NumPy arrays against the float64
+oracle with the block mask materialized, their errors, and tileattn.flex_attention on PyTorch CPU
+tensors against torch's own flex_attention (forward, gradients, torch.compile); the PyTorch tests skip
+without PyTorch."""
+
+import numpy as np
+import pytest
+
+import tileattn
+from reference import Head, assert_f32_close, visible
+
+
+def random_block_mask(rng, batch, heads, sq, sk, bq, bk, density=0.5):
+    """A random mask as (state [batch, heads, q_blocks, k_blocks]: 0 skip, 1 partial, 2 full) and its
+    int32 lists (counts, indices, full counts, full indices), each row's blocks in random order."""
+    qb, kb = -(-sq // bq), -(-sk // bk)
+    state = np.where(rng.random((batch, heads, qb, kb)) < density, rng.integers(1, 3, (batch, heads, qb, kb)), 0)
+    lists = []
+    for want in (1, 2):
+        num = (state == want).sum(axis=-1).astype(np.int32)
+        idx = np.full((batch, heads, qb, max(kb, 1)), -5, dtype=np.int32)
+        for b, h, q in np.ndindex(batch, heads, qb):
+            blocks = rng.permutation(np.flatnonzero(state[b, h, q] == want))
+            idx[b, h, q, :len(blocks)] = blocks
+        lists += [num, idx]
+    return state, lists
+
+
+def materialize(state, b, h, sq, sk, bq, bk, element):
+    """[sq, sk] bool: full blocks visible, partial blocks by the element mask, others not."""
+    s = state[b if state.shape[0] > 1 else 0, h if state.shape[1] > 1 else 0]
+    blocks = s[np.arange(sq)[:, None] // bq, np.arange(sk)[None, :] // bk]
+    return (blocks == 2) | ((blocks == 1) & element)
+
+
+@pytest.mark.parametrize("bq,bk", [(16, 16), (32, 48), (128, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_numpy_matches_oracle(bq, bk, causal):
+    rng = np.random.default_rng()
+    batch, hq, hk, sq, sk, d = 2, 4, 2, int(rng.integers(1, 200)), int(rng.integers(1, 200)), 24
+    q = rng.standard_normal((batch, sq, hq, d)).astype(np.float32)
+    k = rng.standard_normal((batch, sk, hk, d)).astype(np.float32)
+    v = rng.standard_normal((batch, sk, hk, d)).astype(np.float32)
+    dout = rng.standard_normal((batch, sq, hq, d)).astype(np.float32)
+    state, lists = random_block_mask(rng, batch, hq, sq, sk, bq, bk)
+    kw = dict(block_size=(bq, bk), causal=causal, top_left=True, backend="cpu_flash")
+    out, lse = tileattn.block_sparse_forward(q, k, v, *lists, **kw)
+    dq, dk, dv = tileattn.block_sparse_backward(dout, q, k, v, out, lse, *lists, **kw)
+    element = visible(sq, sk, causal, top_left=True)
+    want = [np.zeros(x.shape) for x in (out, q, k, v)]
+    want_lse = np.zeros(lse.shape)
+    for b in range(batch):
+        for h in range(hq):
+            g = h // (hq // hk)
+            head = Head(q[b, :, h], k[b, :, g], v[b, :, g], d ** -0.5, materialize(state, b, h, sq, sk, bq, bk, element))
+            want[0][b, :, h], want_lse[b, h] = head.out, head.lse
+            gq, gk, gv = head.grads(dout[b, :, h])
+            want[1][b, :, h] += gq
+            want[2][b, :, g] += gk
+            want[3][b, :, g] += gv
+    for got, ref in zip((out, lse, dq, dk, dv), (want[0], want_lse, *want[1:])):
+        assert_f32_close(got, ref)
+
+
+def test_block_sparse_errors_name_the_argument():
+    q = np.zeros((1, 40, 2, 8), np.float32)
+    num = np.ones((1, 2, 3), np.int32)
+    idx = np.full((1, 2, 3, 1), 5, np.int32)
+    with pytest.raises(tileattn.Error, match=r"block_mask.kv_indices\[0, 0, 0, 0\] = 5 is outside \[0, 3\)"):
+        tileattn.block_sparse_forward(q, q, q, num, idx, block_size=16, backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"block_mask.block_q = 24, block_mask.block_k = 16"):
+        tileattn.block_sparse_forward(q, q, q, num, idx, block_size=(24, 16), backend="cpu_flash")
+
+
+def test_document_ids_numpy_match_oracle():
+    rng = np.random.default_rng()
+    sq, sk = int(rng.integers(1, 150)), int(rng.integers(1, 150))
+    q = rng.standard_normal((2, sq, 2, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, sk, 2, 16)).astype(np.float32) for _ in range(2))
+    ids_q = rng.integers(0, 3, (2, sq)).astype(np.int32)
+    ids_k = rng.integers(0, 3, (2, sk)).astype(np.int32)
+    out, lse = tileattn.block_sparse_forward(q, k, v, document_ids=(ids_q, ids_k), backend="cpu_flash")
+    for b in range(2):
+        vis = ids_q[b][:, None] == ids_k[b][None, :]
+        for h in range(2):
+            head = Head(q[b, :, h], k[b, :, h], v[b, :, h], 0.25, vis)
+            assert_f32_close(out[b, :, h], head.out)
+            assert_f32_close(lse[b, h], head.lse)
+
+
+def test_chunked_local_numpy_matches_oracle():
+    rng = np.random.default_rng()
+    sq = sk = int(rng.integers(1, 150))
+    chunk = int(rng.integers(1, 40))
+    q, k, v = (rng.standard_normal((1, sq, 2, 16)).astype(np.float32) for _ in range(3))
+    out, lse = tileattn.block_sparse_forward(q, k, v, chunk_size=chunk, causal=True, backend="cpu_flash")
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    vis = (j <= i) & (i // chunk == j // chunk)
+    for h in range(2):
+        head = Head(q[0, :, h], k[0, :, h], v[0, :, h], 0.25, vis)
+        assert_f32_close(out[0, :, h], head.out)
+        assert_f32_close(lse[0, h], head.lse)
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyTorch: tileattn.flex_attention against torch.nn.attention.flex_attention on CPU tensors.
+
+def _flex():
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    return torch, flex
+
+
+def _masks(flex, torch, kind, sq, sk, window=24, batch=2):
+    """(mask_mod, tileattn keyword arguments giving the same element mask)."""
+    if kind == "causal":
+        return (lambda b, h, qi, ki: qi >= ki), dict(causal=True)
+    if kind == "window":
+        return (lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= window)), dict(causal=True, window_size=(window, 0))
+    if kind == "documents":
+        # Packed documents of random lengths, causal within each: partial blocks at the boundaries.
+        ids = (torch.rand(batch, sq) < 0.03).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+        return (lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)), dict(causal=True, document_ids=ids)
+    if kind == "chunked":
+        return (lambda b, h, qi, ki: (qi >= ki) & (qi // window == ki // window)), dict(causal=True, chunk_size=window)
+    raise ValueError(kind)
+
+
+def _torch_flex_with_lse(flex, q, k, v, **kw):
+    if hasattr(flex, "AuxRequest"):  # return_lse's successor
+        out, aux = flex.flex_attention(q, k, v, return_aux=flex.AuxRequest(lse=True), **kw)
+        return out, aux.lse
+    return flex.flex_attention(q, k, v, return_lse=True, **kw)
+
+
+def _dense_reference(torch, q, k, v, mask):
+    """float64 attention under a dense [B, H, Q, KV] (or broadcastable) bool mask, differentiable; rows
+    that see no key give 0. torch's flex_attention has no CPU backward, so gradients come from this."""
+    q, k, v = (x.double() for x in (q, k, v))
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    any_key = mask.any(dim=-1, keepdim=True)
+    p = torch.softmax(torch.where(any_key, s, torch.zeros_like(s)), dim=-1) * any_key
+    return p @ v
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked"])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_flex_attention_matches_torch(kind, gqa):
+    torch, flex = _flex()
+    torch.manual_seed(0)
+    batch, hq, sq, d = 2, 4, 192, 32
+    hk = 2 if gqa else hq
+    q = torch.randn(batch, hq, sq, d, dtype=torch.float32, requires_grad=True)
+    k = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
+    v = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
+    mask_mod, kw = _masks(flex, torch, kind, sq, sq, batch=batch)
+    per_batch = batch if kind == "documents" else None
+    bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cpu", BLOCK_SIZE=32)
+    with torch.no_grad():
+        want, want_lse = _torch_flex_with_lse(flex, q.detach(), k.detach(), v.detach(), block_mask=bm, enable_gqa=gqa)
+    got, lse = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, return_lse=True, **kw)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
+    ref = _dense_reference(torch, q, k, v, flex.create_mask(mask_mod, per_batch, None, sq, sq, device="cpu"))
+    torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=2e-5)
+    g = torch.randn_like(got)
+    want_grads = torch.autograd.grad(ref, (q, k, v), g.double())
+    got_grads = torch.autograd.grad(got, (q, k, v), g)
+    for x, y in zip(got_grads, want_grads):
+        torch.testing.assert_close(x.double(), y.double(), atol=5e-5, rtol=5e-5)
+
+
+def test_flex_attention_bf16_and_random_blocks():
+    torch, flex = _flex()
+    torch.manual_seed(1)
+    sq, sk, d = 200, 330, 64
+    q, k, v = (torch.randn(1, 2, n, d) for n in (sq, sk, sk))
+    # A random block pattern as a mask_mod over a per-block table.
+    table = torch.rand(1, 2, -(-sq // 64), -(-sk // 64)) < 0.4
+    mask_mod = lambda b, h, qi, ki: table[b, h, qi // 64, ki // 64]  # noqa: E731
+    bm = flex.create_block_mask(mask_mod, 1, 2, sq, sk, device="cpu", BLOCK_SIZE=64)
+    want = flex.flex_attention(q, k, v, block_mask=bm)
+    got = tileattn.flex_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), block_mask=bm)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_flex_attention_compiles():
+    torch, flex = _flex()
+    sq, d = 128, 32
+    q, k, v = (torch.randn(1, 2, sq, d, requires_grad=True) for _ in range(3))
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, sq, sq, device="cpu", BLOCK_SIZE=32)
+
+    def f(q, k, v):
+        return tileattn.flex_attention(q, k, v, block_mask=bm, causal=True).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
+    torch.testing.assert_close(torch.autograd.grad(compiled(q, k, v), q)[0], torch.autograd.grad(f(q, k, v), q)[0])
