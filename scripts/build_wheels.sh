@@ -11,11 +11,12 @@
 #
 # The two variants share the distribution name, as PyTorch's do: a release publishes them to separate
 # indexes (or the CPU one alone to PyPI). TILEATTN_WHEEL_PYTHONS lists the interpreters to build with
-# (default: python3), one wheel each; with TILEATTN_STABLE_ABI=1 an interpreter of 3.12 or later
-# builds a cp312-abi3 wheel that serves every CPython from 3.12 on (nanobind's stable ABI; see
-# pyproject.toml for why it is not the default yet). Each wheel is repaired to its manylinux tag; the
+# (default: python3), one wheel each; an interpreter of 3.12 or later builds a cp312-abi3 wheel that
+# serves every CPython from 3.12 on (nanobind's stable ABI; TILEATTN_STABLE_ABI=0 builds a wheel for
+# that interpreter only). Each wheel is repaired to its manylinux tag; the
 # script fails if auditwheel finds a shared library outside that policy. JOBS sets the parallelism.
 set -euo pipefail
+export TILEATTN_STABLE_ABI=${TILEATTN_STABLE_ABI:-1}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 variant=${1:-}

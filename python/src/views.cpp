@@ -73,8 +73,10 @@ const ExchangeApi* exchange_api(PyTypeObject* type) {
     Py_DECREF(capsule);
   }
   PyErr_Clear();
-  Py_INCREF(type);  // the cache holds the type, so its address cannot be reused by another
-  Py_XDECREF(last_type);
+  // The cache holds the type, so its address cannot be reused by another. (Casts: under the
+  // limited API of a stable-ABI build these take PyObject* only.)
+  Py_INCREF(reinterpret_cast<PyObject*>(type));
+  Py_XDECREF(reinterpret_cast<PyObject*>(last_type));
   last_type = type;
   last_api = api;
   return api;
