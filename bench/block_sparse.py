@@ -12,8 +12,8 @@ ratio), q, k, v stored [batch, seqlen, heads, hdim] and passed as [batch, heads,
 in its partly visible blocks:
   causal     causal as blocks: full below the diagonal, partial on it (element mask: causal);
   window     causal sliding window of 1024 keys (element mask: causal, window_size=(1023, 0));
-  documents  packed documents of random lengths (multiples of the block, so no block is partial),
-             causal within each (element mask: causal);
+  documents  packed documents of random lengths, causal within each (element mask: causal and the
+             document ids);
   random     blocks drawn at random at each density, fully visible (no element mask);
   dense      every block fully visible (density 1.0).
 density = visited blocks / all blocks of the mask. Rows (DESIGN.md's record format) carry
@@ -73,18 +73,11 @@ def timer(device):
     return run
 
 
-def documents(batch, seqlen, block, gen):
-    """Per sequence, document ids of random lengths (whole blocks, at least one): [batch, seqlen] int32."""
-    ids = torch.empty(batch, seqlen, dtype=torch.int32)
-    blocks = seqlen // block
-    for b in range(batch):
-        cuts = torch.randperm(blocks - 1, generator=gen)[: max(1, blocks // 8)] + 1 if blocks > 1 else torch.tensor([])
-        edges = sorted(set(int(c) * block for c in cuts)) + [seqlen]
-        start = 0
-        for d, end in enumerate(edges):
-            ids[b, start:end] = d
-            start = end
-    return ids
+def documents(batch, seqlen, gen):
+    """Per sequence, document ids of random lengths (mean seqlen / 8 tokens): [batch, seqlen] int32."""
+    starts = torch.rand(batch, seqlen, generator=gen) < 8.0 / seqlen
+    starts[:, 0] = False
+    return starts.to(torch.int32).cumsum(dim=1, dtype=torch.int32)
 
 
 def patterns(names, densities, batch, heads, seqlen, block, device, gen):
@@ -96,11 +89,11 @@ def patterns(names, densities, batch, heads, seqlen, block, device, gen):
             yield name, lambda b, h, q, k: (q >= k) & (q - k < 1024), dict(causal=True, window_size=(1023, 0)), \
                 ("window", 1023)
         elif name == "documents":
-            ids = documents(batch, seqlen, block, gen).to(device)
+            ids = documents(batch, seqlen, gen).to(device)
             # The dense equivalent: the documents as a varlen batch, each its own sequence.
             lens = [int(n) for row in ids.cpu() for n in torch.unique_consecutive(row, return_counts=True)[1]]
             cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
-            yield name, lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), dict(causal=True), \
+            yield name, lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), dict(causal=True, document_ids=ids), \
                 ("documents", (cu, max(lens)))
         elif name == "random":
             qb = kb = seqlen // block

@@ -199,3 +199,13 @@ def test_flex_attention_compiles():
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
     torch.testing.assert_close(torch.autograd.grad(compiled(q, k, v), q)[0], torch.autograd.grad(f(q, k, v), q)[0])
+
+
+def test_flex_attention_on_cuda_says_not_yet():
+    torch, flex = _flex()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    q = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 128, 128, device="cuda", BLOCK_SIZE=128)
+    with pytest.raises(tileattn.Error, match="block_mask is not supported by the cuda backend yet"):
+        tileattn.flex_attention(q, q, q, block_mask=bm, causal=True)
