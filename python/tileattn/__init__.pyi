@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, Tuple, Union, overload
 from ._C import Backend as Backend
 from ._C import MaskAlign as MaskAlign
 from ._C import MemoryStats as MemoryStats
+from ._C import build_info as build_info
 from ._C import Options as Options
 from ._C import memory_stats as memory_stats
 from ._C import num_threads as num_threads
@@ -94,3 +95,18 @@ def decode(q: _Array, k_cache: _Array, v_cache: _Array, *, k_new: Optional[_Arra
            alibi_slopes: Optional[_Array] = ..., **opts: Any) -> Tuple[_Array, Optional[_Array]]: ...
 def combine(out_partial: _Array, lse_partial: _Array, *, out: Optional[_Array] = ...,
             backend: _BackendName = ...) -> Tuple[_Array, Optional[_Array]]: ...
+
+# Block-sparse attention (FlexAttention's BlockMask or its tensors); CPU backends for now.
+def flex_attention(query: Any, key: Any, value: Any, block_mask: Any = ..., *, scale: Any = ..., enable_gqa: Any = ...,
+                   return_lse: Any = ..., causal: Any = ..., window_size: Any = ..., chunk_size: Any = ...,
+                   document_ids: Any = ..., top_left: Any = ..., softcap: Any = ..., alibi_slopes: Any = ...) -> Any:
+                   ...
+def block_sparse_forward(q: Any, k: Any, v: Any, kv_num_blocks: Any = ..., kv_indices: Any = ..., full_kv_num_blocks:
+                         Any = ..., full_kv_indices: Any = ..., *, block_size: Any = ..., cu_seqlens_q: Any = ...,
+                         cu_seqlens_k: Any = ..., max_seqlen_q: Any = ..., max_seqlen_k: Any = ..., alibi_slopes: Any =
+                         ..., chunk_size: Any = ..., document_ids: Any = ..., **opts: Any) -> Any: ...
+def block_sparse_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, kv_num_blocks: Any = ..., kv_indices:
+                          Any = ..., full_kv_num_blocks: Any = ..., full_kv_indices: Any = ..., *, block_size: Any =
+                          ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ..., max_seqlen_q: Any = ..., max_seqlen_k:
+                          Any = ..., alibi_slopes: Any = ..., chunk_size: Any = ..., document_ids: Any = ..., **opts:
+                          Any) -> Any: ...
