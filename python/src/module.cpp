@@ -383,7 +383,7 @@ void bind_runtime(nb::module_& m) {
         auto split = [](std::string s) {
           std::vector<std::string> out;
           for (std::size_t i = 0; i <= s.size();) {
-            const std::size_t j = std::min(s.find(';', i), s.size());
+            const std::size_t j = std::min(s.find(' ', i), s.size());
             if (j > i) out.push_back(s.substr(i, j - i));
             i = j + 1;
           }
