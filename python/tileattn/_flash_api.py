@@ -301,6 +301,9 @@ def _copy_into(dst, src):
 def _aligned(x):
     if x is None:
         return x
-    if x.data_ptr() % 16 or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
+    # The view's offset rather than data_ptr(), which torch.compile cannot trace (PyTorch's
+    # allocations start 16-byte aligned).
+    offset = x.storage_offset() * x.element_size()
+    if offset % 16 or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
         return x.contiguous() if not x.is_contiguous() else x.clone()
     return x

@@ -155,7 +155,7 @@ def flex_fwd(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Optional[Tensor], k
 @flex_fwd.register_fake
 def _(q, k, v, *rest):
     out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
-    return out, q.new_empty(_lse_shape(q, False), dtype=torch.float32)
+    return out, q.new_empty(_torch_calls.lse_shape(q, False), dtype=torch.float32)
 
 
 @torch.library.custom_op("tileattn::flex_bwd", mutates_args=())
