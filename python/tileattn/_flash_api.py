@@ -298,12 +298,17 @@ def _copy_into(dst, src):
         dst[...] = src
 
 
+def _tracing():
+    import torch  # only torch tensors reach _aligned
+    return torch.compiler.is_compiling()
+
+
 def _aligned(x):
     if x is None:
         return x
-    # The view's offset rather than data_ptr(), which torch.compile cannot trace (PyTorch's
-    # allocations start 16-byte aligned).
-    offset = x.storage_offset() * x.element_size()
-    if offset % 16 or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
+    # torch.compile traces no data_ptr(): there only the strides are checked, and a misaligned base
+    # is left to the call's own check.
+    misaligned = not _tracing() and x.data_ptr() % 16
+    if misaligned or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
         return x.contiguous() if not x.is_contiguous() else x.clone()
     return x

@@ -248,4 +248,14 @@ def test_generate_matches_sdpa(seeded, device, cache, arch, padded):
     except tileattn.Error as e:
         skip_unsupported(e)
     want = _generate(ms["sdpa"], ids, mask, cache)
-    assert torch.equal(ours, want), f"tileattn {ours[:, 11:].tolist()} vs sdpa {want[:, 11:].tolist()}"
+    if torch.equal(ours, want):
+        return
+    # In 16 bits on a GPU the two attentions round differently, so greedy decoding may take the other
+    # side of a near tie; the first divergence must be one in the fp64 model's own logits.
+    row, pos = next((r, p) for r in range(ours.shape[0]) for p in range(ours.shape[1]) if ours[r, p] != want[r, p])
+    seen = torch.cat([mask, torch.ones(mask.shape[0], want.shape[1] - mask.shape[1], dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        exact = ms["oracle"](input_ids=want[row:row + 1, :pos], attention_mask=seen[row:row + 1, :pos]).logits[0, -1]
+    gap = (exact[want[row, pos]] - exact[ours[row, pos]]).abs().item()
+    assert device != "cpu" and gap <= 0.02 * exact.abs().max().item(), \
+        f"tileattn {ours[:, 11:].tolist()} vs sdpa {want[:, 11:].tolist()}: fp64 logit gap {gap:.3g} at row {row}, {pos}"
