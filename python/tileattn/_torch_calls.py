@@ -11,15 +11,7 @@ read with PyTorch's raw accessor.
 import torch
 
 from . import _C, _log
-
-_BACKENDS = {
-    "auto": _C.Backend.automatic,
-    "automatic": _C.Backend.automatic,
-    "cpu": _C.Backend.cpu_flash,
-    "cpu_flash": _C.Backend.cpu_flash,
-    "cpu_reference": _C.Backend.cpu_reference,
-    "cuda": _C.Backend.cuda,
-}
+from ._functional import _BACKENDS
 _BOTTOM_RIGHT, _TOP_LEFT = _C.MaskAlign.bottom_right, _C.MaskAlign.top_left
 _U8, _F32 = torch.uint8, torch.float32
 

@@ -14,6 +14,7 @@
 
 #include "core/backends.hpp"
 #include "core/checked.hpp"
+#include "core/fail.hpp"
 #include "core/overlap.hpp"
 #include "core/problem.hpp"
 #include "core/validate_variant.hpp"
@@ -21,14 +22,6 @@
 
 namespace tileattn {
 namespace {
-
-template <class... Ts>
-[[noreturn]] void fail(const char* fn, const Ts&... parts) {
-  std::ostringstream os;
-  os << "tileattn::" << fn << ": ";
-  (os << ... << parts);
-  throw Error(os.str());
-}
 
 // The rank is checked before any shape is read, so this never reads past the shape array.
 std::string dims_str(const TensorView& t, const std::array<std::int64_t, kMaxDims>& dims) {

@@ -5,18 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "core/fail.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn {
 namespace {
-
-template <class... Ts>
-[[noreturn]] void fail(const char* fn, const Ts&... parts) {
-  std::ostringstream os;
-  os << "tileattn::" << fn << ": ";
-  (os << ... << parts);
-  throw Error(os.str());
-}
 
 std::string shape_of(const TensorView& t) {
   std::ostringstream os;
