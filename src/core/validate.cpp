@@ -23,16 +23,6 @@
 namespace tileattn {
 namespace {
 
-// The rank is checked before any shape is read, so this never reads past the shape array.
-std::string dims_str(const TensorView& t, const std::array<std::int64_t, kMaxDims>& dims) {
-  std::ostringstream os;
-  os << "[";
-  for (int d = 0; d < std::clamp(t.ndim, 0, kMaxDims); ++d) os << (d ? ", " : "") << dims[d];
-  os << "]";
-  return os.str();
-}
-std::string shape_str(const TensorView& t) { return dims_str(t, t.shape); }
-
 const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
 
 // Every byte a tensor reaches must lie below 2^57, the top of the largest user address space of a

@@ -11,17 +11,9 @@
 namespace tileattn {
 namespace {
 
-std::string shape_of(const TensorView& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
-  os << "]";
-  return os.str();
-}
-
 // Rank, dtype and device of one of the mask's int32 tensors.
 void check_int_tensor(const char* fn, const char* name, const TensorView& t, int ndim, const Device& dev) {
-  if (t.ndim != ndim) fail(fn, "block_mask.", name, " must have ", ndim, " dimensions, got shape ", shape_of(t));
+  if (t.ndim != ndim) fail(fn, "block_mask.", name, " must have ", ndim, " dimensions, got shape ", shape_str(t));
   if (t.dtype != DType::i32) fail(fn, "block_mask.", name, " has dtype ", dtype_name(t.dtype), ", expected i32");
   if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
     fail(fn, "block_mask.", name, " is not on q's device");
@@ -54,8 +46,8 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
     const int ndim = p.varlen ? 1 : 2;
     const bool shape_ok = t.ndim == ndim && (p.varlen ? t.shape[0] == cols : t.shape[0] == rows && t.shape[1] == cols);
     if (!shape_ok) {
-      if (p.varlen) fail(fn, name, " has shape ", shape_of(t), ", expected [", cols, "] (the packed tokens)");
-      fail(fn, name, " has shape ", shape_of(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
+      if (p.varlen) fail(fn, name, " has shape ", shape_str(t), ", expected [", cols, "] (the packed tokens)");
+      fail(fn, name, " has shape ", shape_str(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
     }
     if (t.dtype != DType::i32) fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected i32");
     if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
@@ -88,22 +80,22 @@ void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Pro
   const TensorView& num = m.kv_num_blocks;
   const std::int64_t B = num.shape[0], H = num.shape[1];
   if ((B != 1 && B != p.batch) || (H != 1 && H != p.heads_q) || num.shape[2] < qblocks)
-    fail(fn, "block_mask.kv_num_blocks has shape ", shape_of(num), ", expected [1 or batch = ", p.batch,
+    fail(fn, "block_mask.kv_num_blocks has shape ", shape_str(num), ", expected [1 or batch = ", p.batch,
          ", 1 or heads_q = ", p.heads_q, ", >= ", qblocks, "] (query blocks: ceil(", p.seqlen_q, " / block_q = ",
          m.block_q, "))");
   auto check_indices = [&](const char* name, const TensorView& idx, const char* num_name, const TensorView& n) {
     check_int_tensor(fn, name, idx, 4, dev);
     if (idx.shape[0] != n.shape[0] || idx.shape[1] != n.shape[1] || idx.shape[2] != n.shape[2])
-      fail(fn, "block_mask.", name, " has shape ", shape_of(idx), ", its first three dimensions must match block_mask.",
-           num_name, "'s ", shape_of(n));
+      fail(fn, "block_mask.", name, " has shape ", shape_str(idx), ", its first three dimensions must match block_mask.",
+           num_name, "'s ", shape_str(n));
   };
   check_indices("kv_indices", m.kv_indices, "kv_num_blocks", num);
   if (full) {
     check_int_tensor(fn, "full_kv_num_blocks", m.full_kv_num_blocks, 3, dev);
     if (m.full_kv_num_blocks.shape[0] != B || m.full_kv_num_blocks.shape[1] != H ||
         m.full_kv_num_blocks.shape[2] != num.shape[2])
-      fail(fn, "block_mask.full_kv_num_blocks has shape ", shape_of(m.full_kv_num_blocks),
-           ", expected block_mask.kv_num_blocks's ", shape_of(num));
+      fail(fn, "block_mask.full_kv_num_blocks has shape ", shape_str(m.full_kv_num_blocks),
+           ", expected block_mask.kv_num_blocks's ", shape_str(num));
     check_indices("full_kv_indices", m.full_kv_indices, "full_kv_num_blocks", m.full_kv_num_blocks);
   }
   p.block_q = m.block_q;
