@@ -5,7 +5,7 @@ the same inputs' layout. A peer's backward is timed as torch.autograd.grad of it
 output; FLOPs of the backward are 2.5x the forward's.
 
     gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick] [--backward]
-                 [--sections mha,gqa,dv,fp16]
+                 [--sections mha,gqa,dv,fp16] [--hdims 64,128]
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
 grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
@@ -39,7 +39,7 @@ SETS = 3  # input sets rotated between calls so that L2 never holds a call's inp
 SECTIONS = ("mha", "gqa", "dv", "fp16")
 
 
-def grid(quick, sections):
+def grid(quick, sections, hdims=None):
     seqlens = (512, 2048) if quick else SEQLENS
     shapes = []  # (dtype, heads_q, heads_kv, hdim, hdim_v)
     if "mha" in sections:
@@ -51,6 +51,8 @@ def grid(quick, sections):
     if "fp16" in sections:
         shapes += [("f16", WIDTH // 128, WIDTH // 128, 128, 128)]
     for dtype, hq, hkv, d, dv in shapes:
+        if hdims and d not in hdims:
+            continue
         for s in seqlens:
             for causal in (False, True):
                 yield dict(dtype=dtype, batch=TOKENS // s, seqlen=s, heads=hq, heads_kv=hkv, hdim=d, hdim_v=dv,
@@ -148,13 +150,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="seqlen 512 and 2048 only")
     ap.add_argument("--backward", action="store_true", help="the backward grid")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    ap.add_argument("--hdims", default="", help="comma-separated Q/K head dims to keep (default: all)")
     args = ap.parse_args()
     sections = args.sections.split(",")
     unknown = [x for x in sections if x not in SECTIONS]
     if unknown:
         ap.error(f"unknown sections {unknown}; known: {SECTIONS}")
 
-    rows = list(grid(args.quick, sections))
+    hdims = {int(d) for d in args.hdims.split(",") if d}
+    rows = list(grid(args.quick, sections, hdims))
     specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}:{r['heads_kv']}:{r['hdim_v']}"
              for r in rows]
     # Ours and the peers row by row, each row's implementations one after the other, so that all of

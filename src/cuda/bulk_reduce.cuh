@@ -32,16 +32,17 @@ __device__ __forceinline__ void bulk_wait_read() {
 #endif
 }
 
-// Until every committed group's writes are done.
-__device__ __forceinline__ void bulk_wait_all() {
+// Until at most kPending of this thread's committed groups have writes outstanding.
+template <int kPending = 0>
+__device__ __forceinline__ void bulk_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 
 // Turnstiles between blocks: a block waits until `count` blocks have passed, then passes itself
-// after its bulk writes are complete. The proxy fences order the copy engine's writes with the
-// counter on both sides.
+// once its bulk writes are complete (bulk_wait). The proxy fences order the copy engine's writes
+// with the counter on both sides.
 __device__ __forceinline__ void turn_wait(const int* turn, int count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   int seen;
@@ -54,7 +55,6 @@ __device__ __forceinline__ void turn_wait(const int* turn, int count) {
 
 __device__ __forceinline__ void turn_pass(int* turn) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bulk_wait_all();
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 #endif

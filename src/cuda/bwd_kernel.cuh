@@ -188,20 +188,34 @@ __device__ __forceinline__ void load_query_tile(const BwdParams& p, const BwdSeq
 }
 
 // LSE (log2 units, +inf for rows past the sequence so that their probabilities are 0) and D of
-// the query columns a thread holds in an S^T tile; c: the tile's (key, query) coordinates.
+// the query columns a thread holds in an S^T tile; c: the tile's (key, query) coordinates. Either
+// half alone where registers are short: P^T needs only the LSE, dS^T only D.
 template <int kC>
-struct TileRows {
-  float lse2[kC], dsum[kC];
+struct TileLse {
+  float lse2[kC];
   template <class C>
-  __device__ __forceinline__ TileRows(const C& c, const float* sLse, const float* sDsum) {
+  __device__ __forceinline__ TileLse(const C& c, const float* sLse) {
     CUTE_UNROLL
     for (int j = 0; j < kC; ++j) {
-      const int q = get<1>(c(0, j));
-      const float l = sLse[q];
+      const float l = sLse[get<1>(c(0, j))];
       lse2[j] = l == -INFINITY ? INFINITY : l * kLog2e;
-      dsum[j] = sDsum[q];
     }
   }
+};
+template <int kC>
+struct TileDsum {
+  float dsum[kC];
+  template <class C>
+  __device__ __forceinline__ TileDsum(const C& c, const float* sDsum) {
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) dsum[j] = sDsum[get<1>(c(0, j))];
+  }
+};
+template <int kC>
+struct TileRows : TileLse<kC>, TileDsum<kC> {
+  template <class C>
+  __device__ __forceinline__ TileRows(const C& c, const float* sLse, const float* sDsum)
+      : TileLse<kC>(c, sLse), TileDsum<kC>(c, sDsum) {}
 };
 
 // S^T (keys x queries, as (rows, cols)) to P^T in place: modifiers (with a softcap, dsc keeps
@@ -345,16 +359,21 @@ __device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK
 }
 
 // Writes a (rows x D) fp32 accumulator of `Mma` to global memory as the element type, through the
-// shared tile `stage` (free for the purpose), rows < max_rows and columns < max_cols only.
-template <class T, class Mma, class Acc, class Stage, class G>
-__device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, int max_rows, int max_cols, int tid) {
+// shared tile `stage` (free for the purpose), rows < max_rows and columns < max_cols only. sync()
+// waits for every thread that writes the stage (the whole block by default).
+struct SyncBlock {
+  __device__ void operator()() const { __syncthreads(); }
+};
+template <class T, class Mma, class Acc, class Stage, class G, class Sync = SyncBlock>
+__device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, int max_rows, int max_cols, int tid,
+                                          Sync sync = {}) {
   using Element = typename T::Element;
   Tensor r = convert<Element>(acc);
   Mma mma;
   auto st = make_tiled_copy_C(typename T::StoreAtom{}, mma);
   auto st_thr = st.get_thread_slice(tid);
   copy(st, st_thr.retile_S(r), st_thr.partition_D(stage));
-  __syncthreads();
+  sync();
   typename T::GmemStore gstore;
   auto gs = gstore.get_thread_slice(tid);
   copy_tile<true, true, false>(gstore, gs.partition_S(stage), gs.partition_D(g),

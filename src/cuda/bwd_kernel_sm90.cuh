@@ -1,27 +1,31 @@
-// The Hopper backward dK/dV kernel (sm_90a): the portable kernel's algorithm (bwd_kernel.cuh) on
-// warpgroup tensor cores, atomic dQ mode. One block per (key tile, sequence, KV head) keeps the
-// tile's dK, dV accumulators in registers while the query tiles of every head of the GQA group
-// stream by (Q, dO, LSE, D double buffered):
-//   S^T = K Q^T and dP^T = V dO^T from shared memory (issued together; P^T is formed while dP^T
-//   is still in flight), dV += P^T dO, dK += dS^T Q, and dQ += dS K with dS^T through shared
-//   memory (the warpgroups split dQ's head dim), added into the fp32 dQ rows: staged in shared
-//   memory and added by one bulk reduction per tile up to head dim 128, by 16-byte atomics beyond.
-// The deterministic mode (up to head dim 128) orders each query tile's bulk additions by key block
-// through a turnstile per (head, query tile), so the sums come out the same on every run.
-// Up to head dim 128 each warpgroup owns 64 keys and multiplies P^T and dS^T straight from its
-// registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so two warpgroups
-// share 64 keys: they split S^T's query columns and dK's, dV's head dim, and exchange P^T and dS^T
-// through shared memory.
-// Shared memory uses wgmma's 128-byte swizzled layouts; the transposed operands (dO^T, Q^T, K^T,
-// dS) are views read by the transposing (MN-major) operand modes, without copies.
+// The Hopper backward kernel (sm_90a), warp-specialized: one block per (key tile, sequence, KV
+// head) keeps the tile's K, V and its dK, dV accumulators on chip while the query tiles of every
+// head of the GQA group stream by.
+//   Producer warpgroup (after giving most of its registers away): a loader warp streams Q and dO
+//   (TMA) with LSE and D (its lanes) through two stages, mbarriers counting what lands; a writer
+//   thread adds each query tile's dQ, staged in shared memory, into the fp32 dQ rows with one bulk
+//   reduction (up to head dim 128), in key-block order in the deterministic mode.
+//   Two consumer warpgroups: S^T = K Q^T and dP^T = V dO^T from shared memory (issued together;
+//   P^T is formed while dP^T is still in flight), dV += P^T dO, dK += dS^T Q, and dQ = dS K with
+//   dS^T through shared memory (the warpgroups split dQ's head dim). The one point where the
+//   consumers meet per tile is dS^T (and P^T where split) being complete; those buffers, the
+//   stages and the dQ staging alternate between two, so no warpgroup waits for another to finish.
+// Up to head dim 128 each consumer warpgroup owns 64 keys and multiplies P^T and dS^T straight
+// from its registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so the
+// warpgroups share 64 keys: they split S^T's query columns and dK's, dV's head dim, exchange P^T
+// and dS^T through shared memory, and add dQ with 16-byte atomics.
+// Shared memory uses wgmma's swizzled layouts; the transposed operands (dO^T, Q^T, K^T, dS) are
+// views read by the transposing (MN-major) operand modes, without copies.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/bulk_reduce.cuh"
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/cute_utils.cuh"
+#include "cuda/tma_view.cuh"
 
 namespace tileattn::cuda {
 
@@ -32,9 +36,11 @@ struct BwdTraitsSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitD = kHeadDim > 128;
-  static constexpr int kWarpGroups = kSplitD ? 2 : kBlockN / 64;
-  static constexpr int kThreads = kWarpGroups * 128;
-  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 && kBlockN % 64 == 0 && (!kSplitD || kBlockN == 64));
+  static constexpr int kWarpGroups = 2;  // consumers
+  static constexpr int kConsumers = kWarpGroups * 128;
+  static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(kHeadDim % 32 == 0 && kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
   using SplitCols = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
@@ -68,33 +74,95 @@ struct BwdTraitsSm90 {
       kAtomCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
       std::conditional_t<kAtomCols == 32, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
   using AtomP = GMMA::Layout_K_SW128_Atom<Element>;  // P^T, dS^T: 64 query columns
-  using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));  // Q, dO
-  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));     // K, V
-  using SmemLayoutdSt = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  // Two stages of Q and dO, two buffers of P^T and dS^T.
+  using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutdSt = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKt =
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
-  using SmemLayoutdS =
-      decltype(composition(SmemLayoutdSt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutdS = decltype(composition(
+      SmemLayoutdSt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
 
   static constexpr int kGmemChunk = kHeadDim % 64 == 0 ? 64 : 32;  // columns a row of threads copies
-  using GmemLoad = typename GmemCopies<Element, kThreads, kGmemChunk>::Load;
-  using GmemStore = typename GmemCopies<Element, kThreads, kGmemChunk>::Store;
+  using GmemLoad = typename GmemCopies<Element, kConsumers, kGmemChunk>::Load;
+  using GmemStore = typename GmemCopies<Element, kConsumers, kGmemChunk>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{},
+      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                  Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
+      take<0, 2>(SmemLayoutQ{})));
+
   static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
-  static constexpr int kTilesP = kSplitD ? 2 : 1;
+  static constexpr int kTileQBytes = kTileQ * int(sizeof(Element));
   // dQ staged for bulk reductions where two fp32 tiles fit beside the rest (up to head dim 128).
   static constexpr bool kBulkDq = !kSplitD;
-  static constexpr int kRowsBytes = 2 * 2 * kBlockM * int(sizeof(float));
-  static constexpr int kOffsetRows = (2 * kTileKV + 4 * kTileQ + kTilesP * kTileP) * int(sizeof(Element));
-  static constexpr int kOffsetDq = kOffsetRows + kRowsBytes;
   static constexpr int kDqTile = kBlockM * kHeadDim;
-  // K, V; 2 x (Q, dO); dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
-  static constexpr int kSmemBytes = kOffsetDq + (kBulkDq ? 2 * kDqTile * int(sizeof(float)) : 0);
+  static constexpr int kOffsetdSt = (2 * kTileKV + 4 * kTileQ) * int(sizeof(Element));
+  static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
+  static constexpr int kOffsetRows = kOffsetPt + (kSplitD ? 2 * kTileP * int(sizeof(Element)) : 0);
+  static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
+  static constexpr int kOffsetBarriers = kOffsetDq + (kBulkDq ? 2 * kDqTile * int(sizeof(float)) : 0);
+  // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
+  static constexpr int kSmemBytes = kOffsetBarriers + 8 * 8;
+  static_assert(kSmemBytes <= 227 * 1024);
   static_assert(!kBulkDq || kBlockM == kDqTurnRows, "the deterministic turns count 64-row query tiles");
 };
+
+// The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
+// landed / every consumer thread is done with it; a dQ staging buffer is written by every consumer
+// thread / read by the bulk reduction.
+struct BwdBarriersSm90 {
+  cutlass::arch::ClusterTransactionBarrier full[2];
+  cutlass::arch::ClusterBarrier empty[2], dq_full[2], dq_empty[2];
+};
+
+// Named barrier ids: the consumers together, then each consumer warpgroup alone.
+inline constexpr int kBwdBarrierConsumers = 0;
+inline constexpr int kBwdBarrierWarpGroup = 1;
+
+// The TMA descriptors for q and dO, and the global shapes they were made for.
+template <class T>
+struct BwdTmaSm90 {
+  typename T::TmaQ q, dout;
+  TmaGmemShape q_shape, do_shape;
+};
+
+template <class T>
+BwdTmaSm90<T> make_bwd_tma(const BwdParams& p, int batch) {
+  using Element = typename T::Element;
+  const FwdParams& f = p.fwd;
+  const int entries = f.cu_q != nullptr ? 1 : batch;  // varlen: one packed sequence of all tokens
+  auto q = tma_gmem_view<Element>(f.q, f.q_rows, f.d_qk, f.heads_q, entries, f.q_row, f.q_head, f.q_batch);
+  auto dout = tma_gmem_view<Element>(p.dout, f.q_rows, f.d_v, f.heads_q, entries, p.do_row, p.do_head, p.do_batch);
+  return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename T::SmemLayoutQ{})),
+          make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename T::SmemLayoutQ{})), q.shape(), dout.shape()};
+}
+
+// The query tiles a key block meets: iteration t visits head h0 + t / tiles, query tile m_lo + t % tiles.
+struct BwdWalk {
+  int m_lo, tiles, iters, h0;
+  __device__ int head(int t) const { return h0 + t / tiles; }
+  __device__ int m0(int t, int block_m) const { return (m_lo + t % tiles) * block_m; }
+};
+
+// Zeroes rows [first, kBlockM) of a Q or dO stage. Varlen only: a tile past a sequence's last row
+// holds the next sequence's rows, and a zero probability times a non-finite value would still make
+// a NaN. Each consumer warpgroup writes the same zeros before its own products read the stage.
+template <class T, class S>
+__device__ __forceinline__ void zero_rows(S&& sQ, S&& sdO, int first, int tw, int wg) {
+  constexpr int kChunks = T::kHeadDim / 8;
+  for (int i = tw; i < (T::kBlockM - first) * kChunks; i += 128) {
+    const int r = first + i / kChunks, c = i % kChunks;
+    *reinterpret_cast<uint128_t*>(&sQ(r, c * 8)) = uint128_t{0, 0};
+    *reinterpret_cast<uint128_t*>(&sdO(r, c * 8)) = uint128_t{0, 0};
+  }
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(128, kBwdBarrierWarpGroup + wg);
+}
 
 // Adds a wgmma accumulator tile (M x N, fp32) into the dQ rows from row0 on (dq: row0's first
 // column; columns placed by dq_column) with 16-byte reductions, half as many as 8-byte ones: a
@@ -130,12 +198,89 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
   }
 }
 
+// The loader warp: per iteration it waits for the stage to be free, starts the TMA copies of Q and dO
+// (lane 0), and loads LSE and D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
+// probabilities are 0). Batched rows past the sequence arrive from TMA as zeros.
+template <class T, class SQ>
+__device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
+                                              const BwdWalk& w, SQ& sQ, SQ& sdO, float* rows, BwdBarriersSm90& bars,
+                                              int lane) {
+  constexpr int kBlockM = T::kBlockM;
+  using TileQ = Shape<Int<kBlockM>, Int<T::kHeadDim>>;
+  const FwdParams& f = p.fwd;
+  const int bt = get<3>(tma.q_shape) == 1 ? 0 : b;  // varlen: one packed batch entry
+  auto cq = tma.q.get_slice(_0{});
+  auto cdo = tma.dout.get_slice(_0{});
+  Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, stages)
+  Tensor tdOs = cdo.partition_D(sdO);
+  for (int t = 0; t < w.iters; ++t) {
+    const int st = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+    if (t >= 2) bars.empty[st].wait(((t >> 1) + 1) & 1);
+    if (lane == 0) {
+      Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, h, bt);
+      Tensor mdO = tma.dout.get_tma_tensor(tma.do_shape)(_, _, h, bt);
+      const auto tile = make_coord(m0 / kBlockM, _0{});
+      Tensor gQ = local_tile(domain_offset(make_coord(s.q_start, _0{}), mQ), TileQ{}, tile);
+      Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TileQ{}, tile);
+      auto& full = reinterpret_cast<std::uint64_t&>(bars.full[st]);
+      bars.full[st].expect_transaction(2 * T::kTileQBytes);
+      copy(tma.q.with(full, 0), cq.partition_S(gQ), tQs(_, _, _, st));
+      copy(tma.dout.with(full, 0), cdo.partition_S(gdO), tdOs(_, _, _, st));
+    }
+    float* lse = rows + st * 2 * kBlockM;
+    for (int r = lane; r < kBlockM; r += 32) {
+      const bool in = m0 + r < s.sq;
+      lse[r] = in ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row] : -INFINITY;
+      lse[kBlockM + r] = in ? p.dsum[h * p.rows_total + s.row_base + m0 + r] : 0.f;
+    }
+    bars.full[st].arrive();
+  }
+}
+
+// The dQ writer thread: adds each staged query tile into the fp32 dQ rows with one bulk reduction
+// and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
+// (every later key block that sees the tile adds first: those up to the tile's last key) and passes
+// it once the addition has landed, while the next tile's runs.
+template <class T, bool kDeterministic>
+__device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const BwdWalk& w,
+                                                  const Mask& mask, int n_block, const float* sdq,
+                                                  BwdBarriersSm90& bars) {
+  constexpr int kBlockM = T::kBlockM;
+  int* passing = nullptr;
+  for (int t = 0; t < w.iters; ++t) {
+    const int buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+    bars.dq_full[buf].wait((t >> 1) & 1);
+    float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
+    const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
+    if constexpr (kDeterministic) {
+      int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
+      turn_wait(turn, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
+      bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
+      bulk_commit();
+      if (passing != nullptr) {
+        bulk_wait<1>();
+        turn_pass(passing);
+      }
+      passing = turn;
+    } else {
+      bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
+      bulk_commit();
+    }
+    bulk_wait_read<0>();
+    bars.dq_empty[buf].arrive();
+  }
+  bulk_wait<0>();
+  if (kDeterministic && passing != nullptr) turn_pass(passing);
+}
+
 template <class T, bool kMods, bool kDeterministic>
-__global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
   static_assert(!kDeterministic || T::kBulkDq);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
+  using NamedBarrier = cutlass::arch::NamedBarrier;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
   const FwdParams& f = p.fwd;
   // The deterministic mode runs key blocks last to first: each query tile's dQ is added in that
@@ -151,43 +296,60 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
   const int m_lo = row_lo / kBlockM;
   const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
-  const int iters = tiles * f.group;
+  const BwdWalk w{m_lo, tiles, tiles * f.group, hk * f.group};
 
-  Element* base = reinterpret_cast<Element*>(smem_bwd_sm90);
-  Tensor sK = make_tensor(make_smem_ptr(base), typename T::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(base + T::kTileKV), typename T::SmemLayoutKV{});
-  Tensor sQ = make_tensor(make_smem_ptr(base + 2 * T::kTileKV), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 2 * T::kTileQ), typename T::SmemLayoutQ{});
-  Tensor sdSt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ), typename T::SmemLayoutdSt{});
-  Tensor sPt = make_tensor(make_smem_ptr(base + 2 * T::kTileKV + 4 * T::kTileQ + T::kTileP),
-                           typename T::SmemLayoutdSt{});  // where split
+  auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
+  constexpr int kE = int(sizeof(Element));
+  Tensor sK = make_tensor(smem(0), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(smem(T::kTileKV * kE), typename T::SmemLayoutKV{});
+  Tensor sQ = make_tensor(smem(2 * T::kTileKV * kE), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(smem((2 * T::kTileKV + 2 * T::kTileQ) * kE), typename T::SmemLayoutQ{});
+  Tensor sdSt = make_tensor(smem(T::kOffsetdSt), typename T::SmemLayoutdSt{});
+  Tensor sPt = make_tensor(smem(T::kOffsetPt), typename T::SmemLayoutdSt{});  // where split
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
-  float* rows_base = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetRows);
-  float* sdq_base = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetDq);  // where kBulkDq
-  auto sLse = [&](int st) { return rows_base + st * 2 * kBlockM; };
-  auto sDsum = [&](int st) { return rows_base + st * 2 * kBlockM + kBlockM; };
+  float* rows = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetRows);  // per stage: LSE, D
+  float* sdq = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetDq);     // where kBulkDq
+  auto& bars = *reinterpret_cast<BwdBarriersSm90*>(smem_bwd_sm90 + T::kOffsetBarriers);
 
-  const std::int64_t k_row0 = s.k_start + n0;
-  load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid);
-  auto load = [&](int h, int m0, int st) {
-    load_query_tile<T>(p, s, b, h, m0, sQ(_, _, st), sdO(_, _, st), sLse(st), sDsum(st), tid);
-  };
-  if (iters > 0) load(hk * f.group, m_lo * kBlockM, 0);
-  cp_async_fence();
+  const int warp_group = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (warp_group > 0) {  // the consumers load K and V at once (rows past the sequence zeroed)
+    load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid - 128);
+    cp_async_fence();
+  }
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      bars.full[i].init(32);
+      bars.empty[i].init(kConsumers);
+      bars.dq_full[i].init(kConsumers);
+      bars.dq_empty[i].init(1);
+    }
+    cute::prefetch_tma_descriptor(tma.q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(tma.dout.get_tma_descriptor());
+  }
+  __syncthreads();  // barriers initialized
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
+    if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
+    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, mask, n_block, sdq, bars);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
+  const int tc = tid - 128, wg = tc / 128, tw = tc % 128;
 
   typename T::MmaSdP mma_sdp;
   typename T::MmaKV mma_kv;
   typename T::MmaQ mma_q;
-  auto tsdp = mma_sdp.get_thread_slice(tid);
-  auto tkv = mma_kv.get_thread_slice(tid);
-  auto tq = mma_q.get_thread_slice(tid);
+  auto tsdp = mma_sdp.get_thread_slice(tc);
+  auto tkv = mma_kv.get_thread_slice(tc);
+  auto tq = mma_q.get_thread_slice(tc);
   using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
-  // Operand descriptors, per stage where the operand has two.
+  // Operand descriptors, per stage or buffer where the operand has two.
   Tensor dK_a = tsdp.partition_fragment_A(sK);
   Tensor dV_a = tsdp.partition_fragment_A(sV);
   Tensor dQ_b = tsdp.partition_fragment_B(sQ);
@@ -208,107 +370,75 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   Tensor cS = tsdp.partition_C(make_identity_tensor(TileS{}));
   Tensor c = make_tensor(cS.data(), rowcol(cS.layout()));
   auto st_ds = make_tiled_copy_C(typename T::StoreAtom{}, mma_sdp);
-  auto st_ds_thr = st_ds.get_thread_slice(tid);
-  Tensor sdSt_st = st_ds_thr.partition_D(sdSt);
-  Tensor sPt_st = st_ds_thr.partition_D(sPt);
+  auto st_ds_thr = st_ds.get_thread_slice(tc);
+  Tensor cdq = tq.partition_C(make_identity_tensor(TileQ{}));
 
-  const int m_end = (m_lo + tiles) * kBlockM;
-  int* passing = nullptr;  // deterministic mode, thread 0: the turn whose bulk addition is in flight
-  for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
-    const int st = t & 1;
-    const bool head_done = m0 + kBlockM == m_end;
-    const int h_next = head_done ? h + 1 : h, m0_next = head_done ? m_lo * kBlockM : m0 + kBlockM;
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();
-    __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warpgroup is done with the last tile
-    if (t + 1 < iters) {
-      load(h_next, m0_next, st ^ 1);
-      cp_async_fence();
-    }
+  cp_async_wait<0>();
+  cutlass::arch::fence_view_async_shared();
+  NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // K and V have landed
+
+  for (int t = 0; t < w.iters; ++t) {
+    const int st = t & 1, buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
     const BwdHead hd(f, b, h);
     const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
+    bars.full[st].wait((t >> 1) & 1);
+    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
 
     gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
     gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
-    // The last tile's dQ turn passes here, while this tile's first products run: its bulk addition
-    // has had time to land, and the next key block's wait for it stays short.
-    if (kDeterministic && tid == 0 && passing != nullptr) turn_pass(passing);
-    TileRows<decltype(size<1>(s_rc))::value> cols(c, sLse(st), sDsum(st));
+    // The rows' LSE and D are read only where needed: held across the products, they would spill.
+    constexpr int kCols = decltype(size<1>(s_rc))::value;
+    const float* lse = rows + st * 2 * kBlockM;
     Tensor dsc = make_tensor<float>(shape(s_rc));
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
-    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, cols);
+    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
     warpgroup_wait<0>();
-    dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, cols);
+    dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, TileDsum<kCols>(c, lse + kBlockM));
 
     Tensor rPt = convert<Element>(acc_s);
     Tensor rdSt = convert<Element>(acc_dp);
     if constexpr (T::kSplitD) {
-      copy(st_ds, st_ds_thr.retile_S(rPt), sPt_st);
-      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      copy(st_ds, st_ds_thr.retile_S(rPt), st_ds_thr.partition_D(sPt(_, _, buf)));
+      copy(st_ds, st_ds_thr.retile_S(rdSt), st_ds_thr.partition_D(sdSt(_, _, buf)));
       cutlass::arch::fence_view_async_shared();
-      __syncthreads();  // both warpgroups' columns of P^T and dS^T are in shared memory
-      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt), ddOt_b(_, _, _, st), acc_dv);
-      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt), dQt_b(_, _, _, st), acc_dk);
+      NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // both warpgroups' columns of P^T, dS^T are in
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt(_, _, buf)), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt(_, _, buf)), dQt_b(_, _, _, st), acc_dk);
     } else {
       gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
-      copy(st_ds, st_ds_thr.retile_S(rdSt), sdSt_st);
+      copy(st_ds, st_ds_thr.retile_S(rdSt), st_ds_thr.partition_D(sdSt(_, _, buf)));
       cutlass::arch::fence_view_async_shared();
-      __syncthreads();  // dS^T is in shared memory
+      NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // dS^T is complete
     }
-
     Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
-    gemm_wg<true>(mma_q, ddS_a, dKt_b, acc_dq);
+    gemm_wg<true>(mma_q, ddS_a(_, _, _, buf), dKt_b, acc_dq);
     warpgroup_wait<0>();
     warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
     warpgroup_fence_operand(rdSt);
+    bars.empty[st].arrive();  // and those reading Q, dO
 
     const std::int64_t dq_row0 = h * p.rows_total + s.row_base + m0;
-    float* dq = p.dq_accum + dq_row0 * kHeadDim;
-    Tensor cdq = tq.partition_C(make_identity_tensor(TileQ{}));
     if constexpr (T::kBulkDq) {
-      // Tiles alternate between two buffers: the one written here was last read by the bulk
-      // reduction two tiles ago, which thread 0 waited for before this tile's first barrier.
-      float* sdq = sdq_base + (t & 1) * T::kDqTile;
+      if (t >= 2) bars.dq_empty[buf].wait(((t >> 1) + 1) & 1);
+      float* d = sdq + buf * T::kDqTile;
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 2) {
         const int row = get<0>(cdq(i)), col = get<1>(cdq(i));
-        *reinterpret_cast<float2*>(sdq + row * kHeadDim + dq_column(dq_row0 + row, col)) =
+        *reinterpret_cast<float2*>(d + row * kHeadDim + dq_column(dq_row0 + row, col)) =
             make_float2(acc_dq(i), acc_dq(i + 1));
       }
       cutlass::arch::fence_view_async_shared();
-      __syncthreads();  // the tile's dQ is staged
-      if (tid == 0) {
-        const int bytes = min(kBlockM, s.sq - m0) * kHeadDim * int(sizeof(float));
-        if constexpr (kDeterministic) {
-          // Every later key block that sees this tile adds first: those up to the tile's last key.
-          passing = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-          turn_wait(passing, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / kBlockN - n_block);
-          bulk_reduce_add_f32(dq, sdq, bytes);
-          bulk_commit();
-        } else {
-          bulk_reduce_add_f32(dq, sdq, bytes);
-          bulk_commit();
-          bulk_wait_read<1>();
-        }
-      }
+      bars.dq_full[buf].arrive();
     } else {
-      add_acc_quads<kHeadDim>(acc_dq, dq, dq_row0, cdq, s.sq - m0);
+      add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
     }
-    h = h_next;
-    m0 = m0_next;
   }
 
-  // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
-  // no iteration: its K and V copies may still be in flight.
-  cp_async_wait<0>();
-  if (T::kBulkDq && tid == 0) {
-    if (kDeterministic && passing != nullptr)
-      turn_pass(passing);
-    else
-      bulk_wait_all();
-  }
-  __syncthreads();
+  // dK and dV through the K and V tiles' shared memory, once no product reads them.
+  auto sync = [] { NamedBarrier::sync(kConsumers, kBwdBarrierConsumers); };
+  sync();
+  const std::int64_t k_row0 = s.k_start + n0;
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
   Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
@@ -316,8 +446,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel_sm90(const __g
   const float dk_scale = ds_scale(f);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
-  store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tid);
-  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
+  store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tc, sync);
+  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tc, sync);
 #endif
 }
 

@@ -74,22 +74,29 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
   }
 }
 
+// Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
+template <class H>
+void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
+  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
+  if (grid.x == 0) return;
+  auto kernel = g.mods ? bwd_kernel_sm90<H, true, false> : bwd_kernel_sm90<H, false, false>;
+  if constexpr (H::kBulkDq) {
+    if (g.deterministic) kernel = g.mods ? bwd_kernel_sm90<H, true, true> : bwd_kernel_sm90<H, false, true>;
+  }
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, H::kSmemBytes),
+        "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
+  const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
+  kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
+  check_launch("launching the backward kernel");
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
 #ifdef TILEATTN_CUDA_SM90A
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
-    if (bwd_runs_sm90<kDtype, kHeadDim>(g)) {
-      const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
-      auto kernel = g.mods ? bwd_dkdv_kernel_sm90<H, true, false> : bwd_dkdv_kernel_sm90<H, false, false>;
-      if constexpr (H::kBulkDq) {
-        if (g.deterministic)
-          kernel = g.mods ? bwd_dkdv_kernel_sm90<H, true, true> : bwd_dkdv_kernel_sm90<H, false, true>;
-      }
-      launch_kernel(kernel, grid, H::kThreads, H::kSmemBytes, g.stream, p, "launching the backward dK/dV kernel");
-      return;
-    }
+    if (bwd_runs_sm90<kDtype, kHeadDim>(g)) return launch_bwd_sm90<H>(p, g);
   }
 #endif
   using T = typename BwdConfig<E, kHeadDim>::type;

@@ -24,6 +24,7 @@
 #include "cuda/fwd_tile.cuh"
 #include "cuda/online_softmax.cuh"
 #include "cuda/score_tile.cuh"
+#include "cuda/tma_view.cuh"
 
 namespace tileattn::cuda {
 
@@ -77,7 +78,7 @@ struct FwdTraitsSm90 {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   // Global tensors as (rows, head dim, heads, batch).
-  using GmemShape = Shape<int, int, int, int>;
+  using GmemShape = TmaGmemShape;
   using GmemLayout = Layout<GmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>;
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}));
@@ -105,25 +106,15 @@ struct FwdTmaSm90 {
   typename T::GmemShape q_shape, k_shape, v_shape;
 };
 
-// Host side: descriptors for q, k and v. A dimension of extent 1 may carry any stride in a view;
-// TMA wants multiples of 16 bytes, so such a dimension gets the stride of a packed layout.
+// Host side: descriptors for q, k and v.
 template <class T>
 FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
   using Element = typename T::Element;
   const int entries = p.cu_q != nullptr ? 1 : batch;  // varlen: one packed sequence of all tokens
-  auto tensor = [&](const void* ptr, int rows, int d, int heads, std::int64_t row, std::int64_t head,
-                    std::int64_t bstride) {
-    rows = rows > 1 ? rows : 1;  // an empty K still needs a valid descriptor; no tile reads it
-    const std::int64_t r = rows > 1 ? row : (d + 7) / 8 * 8;
-    const std::int64_t hs = heads > 1 ? head : r * rows;
-    const std::int64_t bs = entries > 1 ? bstride : hs * heads;
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
-                       make_layout(make_shape(rows, d, heads, entries), make_stride(r, _1{}, hs, bs)));
-  };
   const int heads_kv = p.heads_q / p.group;
-  auto q = tensor(p.q, p.q_rows, p.d_qk, p.heads_q, p.q_row, p.q_head, p.q_batch);
-  auto k = tensor(p.k, p.k_rows, p.d_qk, heads_kv, p.k_row, p.k_head, p.k_batch);
-  auto v = tensor(p.v, p.k_rows, p.d_v, heads_kv, p.v_row, p.v_head, p.v_batch);
+  auto q = tma_gmem_view<Element>(p.q, p.q_rows, p.d_qk, p.heads_q, entries, p.q_row, p.q_head, p.q_batch);
+  auto k = tma_gmem_view<Element>(p.k, p.k_rows, p.d_qk, heads_kv, entries, p.k_row, p.k_head, p.k_batch);
+  auto v = tma_gmem_view<Element>(p.v, p.k_rows, p.d_v, heads_kv, entries, p.v_row, p.v_head, p.v_batch);
   return {make_tma_copy(SM90_TMA_LOAD{}, q, typename T::SmemLayoutQ{}),
           make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename T::SmemLayoutKV{})),
           make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename T::SmemLayoutKV{})),
