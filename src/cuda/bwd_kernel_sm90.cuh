@@ -40,7 +40,7 @@ struct BwdTraitsSm90 {
   static constexpr int kConsumers = kWarpGroups * 128;
   static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(kHeadDim % 32 == 0 && kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128));
+  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 && kBlockN == (kSplitD ? 64 : 128));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
   using SplitCols = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
@@ -109,7 +109,7 @@ struct BwdTraitsSm90 {
   // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
   static constexpr int kSmemBytes = kOffsetBarriers + 8 * 8;
   static_assert(kSmemBytes <= 227 * 1024);
-  static_assert(!kBulkDq || kBlockM == kDqTurnRows, "the deterministic turns count 64-row query tiles");
+  static_assert(!kBulkDq || kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
 // The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
@@ -283,6 +283,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
   const FwdParams& f = p.fwd;
+  // Key tiles are the fastest index: blocks running together share their Q and dO (and dQ rows) in
+  // L2, which the tiles' products need (making the key tile the slowest index, to start every
+  // head's longest causal tiles first, halved causal speed at 2k tokens: bench/notes/backward.md).
   // The deterministic mode runs key blocks last to first: each query tile's dQ is added in that
   // order, so a block only waits for blocks that started before it (no wait on one that has no SM
   // yet), and under a causal mask for blocks that reached the tile earlier (they start lower).

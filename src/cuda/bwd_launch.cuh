@@ -25,15 +25,21 @@ template <class E> struct BwdConfig<E, 128> { using type = BwdTraits<E, 128, 64,
 template <class E> struct BwdConfig<E, 192> { using type = BwdTraits<E, 192, 64, 64, 8, 2, 2, 2, 1>; };
 template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64, 64, 8, 2, 2, 2, 1>; };
 
-// Hopper: 64-row query tiles; 128-key tiles (64 keys per warpgroup) up to head dim 128 as
-// FlashAttention-3 tiles head dim 128, 64-key tiles shared by two warpgroups beyond. The
-// deterministic mode beyond head dim 128 runs the portable kernels.
-template <class E, int D> struct BwdConfigSm90 { using type = void; };
-template <class E> struct BwdConfigSm90<E, 64> { using type = BwdTraitsSm90<E, 64, 64, 128>; };
-template <class E> struct BwdConfigSm90<E, 96> { using type = BwdTraitsSm90<E, 96, 64, 128>; };
-template <class E> struct BwdConfigSm90<E, 128> { using type = BwdTraitsSm90<E, 128, 64, 128>; };
-template <class E> struct BwdConfigSm90<E, 192> { using type = BwdTraitsSm90<E, 192, 64, 64>; };
-template <class E> struct BwdConfigSm90<E, 256> { using type = BwdTraitsSm90<E, 256, 64, 64>; };
+// Hopper: 128-key tiles (64 keys per warpgroup) up to head dim 128 as FlashAttention-3 tiles them,
+// with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
+// short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
+// and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
+// head dim 128 runs the portable kernels.
+template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; };
+template <class E> struct BwdConfigSm90<E, 64> {
+  using type = BwdTraitsSm90<E, 64, 128, 128>;
+  using mods = BwdTraitsSm90<E, 64, 64, 128>;
+};
+template <class T> struct BwdConfigSm90One { using type = T; using mods = T; };
+template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
+template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
+template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {};
+template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
 template <DType kDtype, int kHeadDim>
@@ -75,13 +81,13 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 }
 
 // Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
-template <class H>
+template <class H, bool kMods>
 void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
   if (grid.x == 0) return;
-  auto kernel = g.mods ? bwd_kernel_sm90<H, true, false> : bwd_kernel_sm90<H, false, false>;
+  auto kernel = bwd_kernel_sm90<H, kMods, false>;
   if constexpr (H::kBulkDq) {
-    if (g.deterministic) kernel = g.mods ? bwd_kernel_sm90<H, true, true> : bwd_kernel_sm90<H, false, true>;
+    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true>;
   }
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, H::kSmemBytes),
         "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
@@ -96,7 +102,10 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
-    if (bwd_runs_sm90<kDtype, kHeadDim>(g)) return launch_bwd_sm90<H>(p, g);
+    if (bwd_runs_sm90<kDtype, kHeadDim>(g)) {
+      using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
+      return g.mods ? launch_bwd_sm90<HM, true>(p, g) : launch_bwd_sm90<H, false>(p, g);
+    }
   }
 #endif
   using T = typename BwdConfig<E, kHeadDim>::type;
