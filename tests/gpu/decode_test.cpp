@@ -295,6 +295,26 @@ TEST_F(GpuDecode, OutOfRangeDeviceMetadataIsRejectedBeforeLaunch) {
   }
 }
 
+// One case of each decode kernel with an append: rotary keys and queries written into the cache,
+// then the tensor-core kernel (head dim 128, paged 16: one page per key tile), its per-key page
+// lookup (page size 5) and the CUDA-core kernel (head dim 256, contiguous, interleaved rotary), each
+// split and merged. Small enough for the sanitizers' one-case-per-kernel runs.
+TEST_F(GpuDecode, AppendWithRotaryOnEveryKernel) {
+  const std::uint64_t seed = fresh_seed();
+  Case c;
+  c.batch = 3, c.heads_q = 8, c.heads_kv = 2, c.seqlen_q = 2, c.capacity = 300, c.page_size = 16;
+  c.seqlen_new = 3, c.rotary_dim = 64, c.causal = true, c.splits = 3;
+  check_case(c, seed);
+  c.page_size = 5;
+  c.softcap = 5.f;
+  check_case(c, seed + 1);
+  Case w;
+  w.dtype = DType::f16;
+  w.batch = 2, w.heads_q = 4, w.heads_kv = 1, w.hdim = w.hdim_v = 256, w.capacity = 200;
+  w.seqlen_new = 1, w.rotary_dim = 256, w.interleaved = true, w.splits = 2;
+  check_case(w, seed + 2);
+}
+
 TEST_F(GpuDecode, CudaGraphCaptureAndReplay) {
   Case c;
   c.batch = 3, c.heads_q = 8, c.heads_kv = 2, c.capacity = 700, c.page_size = 16;
