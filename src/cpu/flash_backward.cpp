@@ -168,6 +168,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
       Variant var = p.variant(s.sq, s.sk, a.options);
       set_documents(p, a.document_ids_q, a.document_ids_k, b, s, var);
+      set_prefix(p, a.prefix_lens, b, var);
       const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
       const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
       const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
