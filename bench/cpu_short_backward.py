@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The CPU flash backward on short query sequences: many tiny varlen sequences and decode-like
-seqlen_q = 1 against long keys, where a query tile holds far fewer rows than its 64 lanes.
+seqlen_q = 1 against long keys, where a query tile holds far fewer rows than its 64 lanes; and a
+control of ordinary sequences, whose tiles are full.
 
 usage: python3 bench/cpu_short_backward.py OUT.json [--threads N] [--repeat R] [--label TEXT]
 
@@ -25,6 +26,7 @@ SHAPES = [  # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, hdim)
     ("varlen 256 x 1..7 tokens", 256, 7, 7, 8, 2, 64),
     ("seqlen_q 1, 4096 keys", 4, 1, 4096, 32, 8, 128),
     ("seqlen_q 4, 2048 keys", 8, 4, 2048, 16, 16, 64),
+    ("2 x 1000 tokens", 2, 1000, 1000, 8, 8, 64),  # full tiles but each sequence's last: the control
 ]
 
 
