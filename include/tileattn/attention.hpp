@@ -23,8 +23,8 @@ namespace tileattn {
 // sizes positive multiples of 16; FlexAttention's default 128 x 128). For each (batch, query head,
 // query block) the mask lists
 //   kv_num_blocks[b, h, qb] key blocks kv_indices[b, h, qb, 0 .. n) that are partly visible: there
-//     the element mask of the call applies (options' causal, window and chunk_size, and document
-//     ids; none of them set: every element of the block is visible), and
+//     the element mask of the call applies (options' causal, window, chunk_size and prefix-LM, and
+//     document ids; none of them set: every element of the block is visible), and
 //   full_kv_num_blocks[b, h, qb] key blocks full_kv_indices[b, h, qb, 0 .. n) that are fully
 //     visible: no element mask at all (optional, both or neither);
 // every other key block is skipped. Entries past a row's count are ignored; a key block may appear
@@ -55,6 +55,9 @@ struct ForwardArgs {
   // are equal, besides the other mask rules. CPU backends only for now.
   TensorView document_ids_q, document_ids_k;
   BlockMask block_mask;                    // optional: block-sparse attention (CPU backends only for now)
+  // Optional prefix-LM lengths per sequence, int32 [batch] on the host: options.prefix_len's rule
+  // with sequence b's own prefix (0: plain causal). Not together with options.prefix_len.
+  TensorView prefix_lens;
   Options options;
 };
 
@@ -67,6 +70,7 @@ struct BackwardArgs {
   TensorView alibi_slopes;
   TensorView document_ids_q, document_ids_k;
   BlockMask block_mask;                    // must match the forward's
+  TensorView prefix_lens;                  // must match the forward's
   Options options;                         // must match the forward's (dropout seed/offset included)
 };
 

@@ -30,6 +30,12 @@ struct Options {
   // this many keys and a query row sees only keys of the chunk its diagonal position falls in (with
   // the same alignment as causal), intersected with causal and the window. 0 = off.
   int chunk_size = 0;
+  // Prefix-LM: > 0 = every query row also sees keys [0, prefix_len) of its sequence, the prompt it
+  // attends to in both directions, besides the keys its causal mask lets it see (so it needs causal
+  // or window_right >= 0, and takes no window_left or chunk_size). Rows above the first key under
+  // bottom-right alignment see the prefix too. Per sequence instead: ForwardArgs::prefix_lens.
+  // 0 = off (plain causal). CPU backends only for now.
+  int prefix_len = 0;
   float softcap = 0.f;                        // > 0: score = softcap * tanh(score / softcap)
   float dropout_p = 0.f;                      // probability of dropping; kept values scaled by 1/(1-p)
   std::uint64_t seed = 0;                     // dropout: Philox key

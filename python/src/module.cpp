@@ -175,6 +175,7 @@ void bind_options(nb::module_& m) {
       .def_rw("num_splits", &Options::num_splits)
       .def_rw("check_device_indices", &Options::check_device_indices)
       .def_rw("chunk_size", &Options::chunk_size)
+      .def_rw("prefix_len", &Options::prefix_len)
       .def_prop_rw(
           "stream", [](const Options& o) { return reinterpret_cast<std::uintptr_t>(o.stream); },
           [](Options& o, std::uintptr_t s) { o.stream = reinterpret_cast<void*>(s); },
@@ -316,18 +317,19 @@ void bind_block_sparse(nb::module_& m) {
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse, const OptIn& cu_q,
          const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx,
          const OptIn& full_num, const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q,
-         const OptIn& docs_k, const Options& o) {
+         const OptIn& docs_k, const OptIn& prefix_lens, const Options& o) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o);
         a.block_mask = block_mask("forward", num, idx, full_num, full_idx, block_q, block_k);
         a.document_ids_q = to_view("forward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("forward", "document_ids_k", docs_k);
+        a.prefix_lens = to_view("forward", "prefix_lens", prefix_lens);
         tileattn::forward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
       "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "options"_a = Options(), Release());
+      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
 
   m.def(
       "backward_block_sparse",
@@ -335,19 +337,20 @@ void bind_block_sparse(nb::module_& m) {
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
          int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx, const OptIn& full_num,
          const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q, const OptIn& docs_k,
-         const Options& o) {
+         const OptIn& prefix_lens, const Options& o) {
         BackwardArgs a =
             backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi, o);
         a.block_mask = block_mask("backward", num, idx, full_num, full_idx, block_q, block_k);
         a.document_ids_q = to_view("backward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("backward", "document_ids_k", docs_k);
+        a.prefix_lens = to_view("backward", "prefix_lens", prefix_lens);
         tileattn::backward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
       "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "options"_a = Options(), Release());
+      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
 }
 
 void bind_runtime(nb::module_& m) {

@@ -5,7 +5,7 @@ The block mask says, per (batch, head, query block), which key blocks are partly
 block is skipped, so time goes with the visited blocks. FlexAttention evaluates a Python mask_mod
 inside the partial blocks; tileattn cannot run Python in its kernels, so the element mask of the
 partial blocks is made of its built-in rules, named by the arguments: causal, a sliding window, an
-attention chunk, document ids (none of them: partial blocks fully visible). Causal and the window
+attention chunk, prefix-LM, document ids (none of them: partial blocks fully visible). Causal and the window
 align to the top-left corner by default, as mask_mods over absolute indices do. Fully visible
 blocks take no element mask.
 
@@ -14,13 +14,22 @@ autograd); flex_attention is the PyTorch function, with autograd and torch.compi
 tileattn::flex_fwd custom op.
 """
 
-from . import _C, _config, _functional
+from . import _C, _checks, _config, _functional
 from ._arrays import empty, is_torch, native
 
 
-def _options(like, chunk_size, **opts):
+def _prefix(fn, prefix_len):
+    """prefix_len as (per call, per sequence): an int is every sequence's prefix, a 1-D int32 array
+    [batch] each sequence's own."""
+    if getattr(prefix_len, "ndim", 0) > 0:
+        return 0, prefix_len
+    return _checks.integer(fn, "prefix_len", prefix_len), None
+
+
+def _options(like, chunk_size, prefix_len=0, **opts):
     o = _functional.options(like, **opts)
     o.chunk_size = int(chunk_size)
+    o.prefix_len = prefix_len
     return o
 
 
@@ -28,60 +37,68 @@ def _nat(x):
     return None if x is None else native(x)
 
 
-def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids):
+def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
+               prefix_lens=None):
     block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
     return dict(kv_num_blocks=_nat(kv_num_blocks), kv_indices=_nat(kv_indices),
                 full_kv_num_blocks=_nat(full_kv_num_blocks), full_kv_indices=_nat(full_kv_indices),
-                block_q=int(block_q), block_k=int(block_k), document_ids_q=_nat(docs_q), document_ids_k=_nat(docs_k))
+                block_q=int(block_q), block_k=int(block_k), document_ids_q=_nat(docs_q), document_ids_k=_nat(docs_k),
+                prefix_lens=_nat(prefix_lens))
 
 
 def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None, *,
                          block_size=128, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         alibi_slopes=None, chunk_size=0, document_ids=None, **opts):
+                         alibi_slopes=None, chunk_size=0, document_ids=None, prefix_len=0, **opts):
     """Block-sparse attention forward on [batch, seq, heads, dim] arrays (any strides but a contiguous
     last dim; varlen as in forward). The mask's arrays are int32: counts [B, H, q_blocks], indices
     [B, H, q_blocks, n] (B in {1, batch}, H in {1, heads_q}); block_size an int or (block_q, block_k).
     document_ids: int32 [batch, seq] ([total] varlen) for queries and keys alike, or a pair (queries',
-    keys'): a row sees only keys of its own document. opts: as tileattn.forward's (causal,
-    window_left, window_right, top_left, ...). These, chunk_size and document_ids make the element
-    mask of the partial blocks. Without a mask (kv_num_blocks None): dense attention under that
-    element mask. Returns (out, lse)."""
-    o = _options(q, chunk_size, **opts)
+    keys'): a row sees only keys of its own document. prefix_len: prefix-LM, every row also sees keys
+    [0, prefix_len) of its sequence (with causal or window_right; no window_left or chunk_size): an
+    int for every sequence, or an int32 array [batch] per sequence. opts: as tileattn.forward's
+    (causal, window_left, window_right, top_left, ...). These, chunk_size, prefix_len and
+    document_ids make the element mask of the partial blocks. Without a mask (kv_num_blocks None):
+    dense attention under that element mask. Returns (out, lse)."""
+    prefix, prefix_lens = _prefix("block_sparse_forward", prefix_len)
+    o = _options(q, chunk_size, prefix, **opts)
     out = empty(q, tuple(q.shape[:-1]) + tuple(v.shape[-1:]))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     lse = empty(q, (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1]), "float32")
     _C.forward_block_sparse(
         native(q), native(k), native(v), native(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         alibi_slopes, **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size,
-                                   document_ids), options=o)
+                                   document_ids, prefix_lens), options=o)
     return out, lse
 
 
 def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
                           full_kv_indices=None, *, block_size=128, cu_seqlens_q=None, cu_seqlens_k=None,
-                          max_seqlen_q=0, max_seqlen_k=0, alibi_slopes=None, chunk_size=0, document_ids=None, **opts):
+                          max_seqlen_q=0, max_seqlen_k=0, alibi_slopes=None, chunk_size=0, document_ids=None,
+                          prefix_len=0, **opts):
     """The backward of block_sparse_forward, with the same mask and options. Returns (dq, dk, dv)."""
-    o = _options(q, chunk_size, **opts)
+    prefix, prefix_lens = _prefix("block_sparse_backward", prefix_len)
+    o = _options(q, chunk_size, prefix, **opts)
     dq, dk, dv = empty(q, q.shape), empty(k, k.shape), empty(v, v.shape)
     _C.backward_block_sparse(
         native(q), native(k), native(v), native(out), native(dout), lse, native(dq), native(dk), native(dv),
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-        **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids),
-        options=o)
+        **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
+                     prefix_lens), options=o)
     return dq, dk, dv
 
 
 def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa=False, return_lse=False,
-                   causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, top_left=True, softcap=0.0,
-                   alibi_slopes=None):
+                   causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, prefix_len=0, top_left=True,
+                   softcap=0.0, alibi_slopes=None):
     """FlexAttention's call on tileattn: query [batch, heads_q, seq_q, d], key/value [batch, heads_kv,
     seq_k, d] (PyTorch tensors) -> out [batch, heads_q, seq_q, d_v], and lse [batch, heads_q, seq_q]
     (natural log) with return_lse. block_mask: a torch.nn.attention.flex_attention.BlockMask (its
     kv_num_blocks, kv_indices, full_kv_* and BLOCK_SIZE are used; its mask_mod is not: the partial
-    blocks' element mask is causal / window_size / chunk_size / document_ids), or None for dense
-    attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
-    seq_k), or a pair ([batch, seq_q], [batch, seq_k]). heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
+    blocks' element mask is causal / window_size / chunk_size / prefix_len / document_ids), or None for
+    dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
+    seq_k), or a pair ([batch, seq_q], [batch, seq_k]). prefix_len: prefix-LM with causal, every row also
+    sees keys [0, prefix_len): an int, or an int32 tensor [batch] per sequence. heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
     torch.compile."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
@@ -99,10 +116,12 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     m = block_mask
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
+    prefix, prefix_lens = _prefix("flex_attention", prefix_len)
     out, lse = _torch_ops.flex_fwd(
         q, k, v, None if m is None else m.kv_num_blocks, None if m is None else m.kv_indices,
         None if m is None else m.full_kv_num_blocks, None if m is None else m.full_kv_indices, docs_q, docs_k,
-        int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal), bool(top_left),
-        int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), float(softcap), _config.backend)
+        prefix_lens, int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal),
+        bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
+        float(softcap), _config.backend)
     out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

@@ -141,15 +141,15 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
 @torch.library.custom_op("tileattn::flex_fwd", mutates_args=())
 def flex_fwd(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Optional[Tensor], kv_indices: Optional[Tensor],
              full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor], document_ids_q: Optional[Tensor],
-             document_ids_k: Optional[Tensor], block_q: int, block_k: int, alibi_slopes: Optional[Tensor],
-             scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
-             chunk_size: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+             document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor], block_q: int, block_k: int,
+             alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
+             window_right: int, chunk_size: int, prefix_len: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
     from . import _flex
     return _flex.block_sparse_forward(
         q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size=(block_q, block_k),
-        alibi_slopes=alibi_slopes, chunk_size=chunk_size, document_ids=(document_ids_q, document_ids_k), scale=scale,
-        causal=causal, top_left=top_left, window_left=window_left, window_right=window_right, softcap=softcap,
-        backend=backend)
+        alibi_slopes=alibi_slopes, chunk_size=chunk_size, document_ids=(document_ids_q, document_ids_k),
+        prefix_len=prefix_len if prefix_lens is None else prefix_lens, scale=scale, causal=causal, top_left=top_left,
+        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend)
 
 
 @flex_fwd.register_fake
@@ -161,15 +161,17 @@ def _(q, k, v, *rest):
 @torch.library.custom_op("tileattn::flex_bwd", mutates_args=())
 def flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, kv_num_blocks: Optional[Tensor],
              kv_indices: Optional[Tensor], full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor],
-             document_ids_q: Optional[Tensor], document_ids_k: Optional[Tensor], block_q: int, block_k: int,
-             alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
-             window_right: int, chunk_size: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+             document_ids_q: Optional[Tensor], document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor],
+             block_q: int, block_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool,
+             top_left: bool, window_left: int, window_right: int, chunk_size: int, prefix_len: int, softcap: float,
+             backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     from . import _flex
     return _flex.block_sparse_backward(
         dout, q, k, v, out, lse, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
         block_size=(block_q, block_k), alibi_slopes=alibi_slopes, chunk_size=chunk_size,
-        document_ids=(document_ids_q, document_ids_k), scale=scale, causal=causal, top_left=top_left,
-        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend)
+        document_ids=(document_ids_q, document_ids_k), prefix_len=prefix_len if prefix_lens is None else prefix_lens,
+        scale=scale, causal=causal, top_left=top_left, window_left=window_left, window_right=window_right,
+        softcap=softcap, backend=backend)
 
 
 @flex_bwd.register_fake
@@ -178,9 +180,10 @@ def _(dout, q, k, v, out, lse, *rest):
 
 
 def _flex_setup(ctx, inputs, output):
-    q, k, v, *mask, block_q, block_k, alibi_slopes = inputs[:12]  # mask: the block lists and document ids
+    # mask: the block lists, document ids and prefix lengths
+    q, k, v, *mask, block_q, block_k, alibi_slopes = inputs[:13]
     ctx.save_for_backward(q, k, v, *output, *mask, alibi_slopes)
-    ctx.params = (block_q, block_k) + tuple(inputs[12:])
+    ctx.params = (block_q, block_k) + tuple(inputs[13:])
     ctx.mark_non_differentiable(output[1])
 
 
@@ -190,7 +193,7 @@ def _flex_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     block_q, block_k, *params = ctx.params
     dq, dk, dv = flex_bwd(dout, q, k, v, out, lse, *mask, block_q, block_k, alibi_slopes, *params)
-    return (dq, dk, dv) + (None,) * 17
+    return (dq, dk, dv) + (None,) * 19
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)

@@ -1,8 +1,8 @@
 // The attention variant of one sequence: everything that differs between attention flavours, in one
 // host/device type built once per call (Problem::variant) and handed to the kernels' tile loops.
 //   score:      scale, softcap and ALiBi (ScoreMod), and the derivative the backward needs;
-//   visibility: causal or window in either alignment (Mask), chunked-local attention, and document
-//               ids of packed sequences;
+//   visibility: causal or window in either alignment (Mask), chunked-local attention, prefix-LM
+//               (the prompt's keys visible to every row), and document ids of packed sequences;
 //   keep:       dropout's Philox bit (Dropout);
 //   blocks:     which keys a block of query rows visits (fully, partly or not at all), and the
 //               transpose for the backward (which query rows a block of keys meets).
@@ -60,7 +60,7 @@ struct Variant {
       const int c = chunk_start(position(i)) + chunk;
       e = c < e ? c : e;
     }
-    return e;
+    return prefix_end(e);
   }
   TA_HD bool documents() const { return doc_q != nullptr; }
   TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
@@ -76,7 +76,7 @@ struct Variant {
       const int c = chunk_start(j0) - mask.diag_offset;
       b = c > b ? c : b;
     }
-    return b;
+    return prefix > j0 ? 0 : b;  // every row sees a prefix key
   }
   TA_HD int row_end(int j1) const {
     int e = mask.block_row_end(j1);
@@ -110,6 +110,15 @@ struct Variant {
   // Dropout: whether element (bh, i, j) is kept (always, without dropout).
   TA_HD bool keep(unsigned bh, int i, int j) const {
     return !dropout || drop.keep(bh, static_cast<unsigned>(i), static_cast<unsigned>(j));
+  }
+
+  // Prefix-LM: keys [0, prefix) are visible to every row besides its own range; 0 = off.
+  // Validation allows it only where rows' ranges start at key 0 (no left window, no chunk), so the
+  // union is one range again, [0, max(end, prefix)), and its end still never decreases with the row.
+  int prefix = 0;
+  TA_HD int prefix_end(int e) const {
+    const int pe = prefix < mask.seqlen_k ? prefix : mask.seqlen_k;
+    return pe > e ? pe : e;
   }
 };
 

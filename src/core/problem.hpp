@@ -27,6 +27,10 @@ struct Problem {
   bool has_alibi = false;
   bool alibi_per_batch = false;  // slopes [batch, heads_q] rather than [heads_q]
   bool documents = false;  // forward/backward: document ids given
+  // Prefix-LM: keys [0, prefix_len) visible to every row; per sequence from the call's prefix_lens
+  // where prefix_per_seq (forward and backward).
+  int prefix_len = 0;
+  bool prefix_per_seq = false;
   // Block-sparse (forward and backward): the block mask's block sizes; 0 = no block mask.
   int block_q = 0, block_k = 0;
   // Decode only.
@@ -44,6 +48,7 @@ struct Problem {
   ScoreMod score_mod(float alibi_slope) const { return ScoreMod{scale, softcap, alibi_slope}; }
   Dropout dropout(const Options& o) const { return Dropout(dropout_p, o.seed, o.offset); }
   bool block_sparse() const { return block_q > 0; }
+  bool prefix_lm() const { return prefix_len > 0 || prefix_per_seq; }
   // The variant of one sequence of sq query rows and sk keys; ALiBi's slope is set per head.
   Variant variant(int sq, int sk, const Options& o) const {
     Variant v;
@@ -53,6 +58,7 @@ struct Problem {
     v.alibi = has_alibi;
     v.dropout = dropout_p > 0.f;
     v.drop = dropout(o);
+    v.prefix = prefix_len;
     return v;
   }
 };

@@ -406,9 +406,12 @@ static Problem validate_forward(const ForwardArgs& a) {
                         a.alibi_slopes, a.options);
   check_block_mask(fn, a.block_mask, a.q.device, p);
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
+  check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}},
+                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
+                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
+                          {"prefix_lens", &a.prefix_lens}},
                          a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
@@ -424,6 +427,7 @@ static Problem validate_backward(const BackwardArgs& a) {
                         a.alibi_slopes, a.options);
   check_block_mask(fn, a.block_mask, a.q.device, p);
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
+  check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
   check_like(fn, "dout", a.dout, "out", a.out);
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);
@@ -431,7 +435,8 @@ static Problem validate_backward(const BackwardArgs& a) {
   check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
                          {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
                           {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
-                          {"alibi_slopes", &a.alibi_slopes}},
+                          {"alibi_slopes", &a.alibi_slopes}, {"document_ids_q", &a.document_ids_q},
+                          {"document_ids_k", &a.document_ids_k}, {"prefix_lens", &a.prefix_lens}},
                          a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)

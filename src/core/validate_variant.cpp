@@ -26,6 +26,21 @@ std::int32_t at(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_
   return t.ptr<const std::int32_t>()[b * t.stride[0] + h * t.stride[1] + q * t.stride[2] + (t.ndim == 4 ? n * t.stride[3] : 0)];
 }
 
+// The masks prefix-LM extends: a right edge to extend (causal or window_right; one past every key
+// makes the prefix a no-op, as it makes the window one), rows' ranges from
+// key 0 (no left window, no chunk) so that the prefix and the rest stay one range. `what` names
+// the prefix argument in the message.
+void check_prefix_mask(const char* fn, const std::string& what, const Options& o, const Problem& p) {
+  if (!o.causal && o.window_right < 0)
+    fail(fn, "prefix-LM (", what, ") needs a mask beyond the prefix, options.causal = true or window_right >= 0 (got causal = ",
+         o.causal ? "true" : "false", ", window_right = ", o.window_right, "): without one every key is visible already");
+  if (p.window_left >= 0)
+    fail(fn, "prefix-LM (", what, ") cannot be combined with options.window_left = ", o.window_left,
+         ": a row would see the prefix and a window apart from it");
+  if (p.chunk > 0)
+    fail(fn, "prefix-LM (", what, ") cannot be combined with options.chunk_size = ", o.chunk_size);
+}
+
 }  // namespace
 
 void check_variant_options(const char* fn, const Options& o, Problem& p) {
@@ -34,6 +49,29 @@ void check_variant_options(const char* fn, const Options& o, Problem& p) {
   // every negative one (rows above the first key, bottom-right) in chunk -1, as any longer chunk
   // does: capping it keeps the chunk arithmetic within int.
   p.chunk = o.chunk_size == 0 ? 0 : std::min(o.chunk_size, std::max({1, p.seqlen_q, p.seqlen_k}));
+  if (o.prefix_len < 0) fail(fn, "options.prefix_len = ", o.prefix_len, ", expected >= 0 (0 = off)");
+  if (o.prefix_len > 0) check_prefix_mask(fn, "options.prefix_len = " + std::to_string(o.prefix_len), o, p);
+  p.prefix_len = o.prefix_len;
+}
+
+void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, const Device& dev, Problem& p) {
+  if (!t.present()) return;
+  if (o.prefix_len != 0)
+    fail(fn, "options.prefix_len = ", o.prefix_len, " and prefix_lens are both given: pass one (per call or per sequence)");
+  if (t.ndim != 1 || t.shape[0] != p.batch)
+    fail(fn, "prefix_lens has shape ", shape_str(t), ", expected [", p.batch, "] (batch)");
+  if (t.dtype != DType::i32) fail(fn, "prefix_lens has dtype ", dtype_name(t.dtype), ", expected i32");
+  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+    fail(fn, "prefix_lens is not on q's device");
+  if (t.numel() > 0 && t.data == nullptr) fail(fn, "prefix_lens has a null data pointer");
+  check_prefix_mask(fn, "prefix_lens", o, p);
+  p.prefix_per_seq = true;
+  // Device-resident lengths cannot be read here; the backends that take them run on the host.
+  if (dev.type != DeviceType::cpu) return;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int32_t n = t.ptr<const std::int32_t>()[b * t.stride[0]];
+    if (n < 0) fail(fn, "prefix_lens[", b, "] = ", n, " is negative");
+  }
 }
 
 void check_documents(const char* fn, const TensorView& ids_q, const TensorView& ids_k, const Device& dev,

@@ -7,13 +7,18 @@
 
 namespace tileattn {
 
-// options.chunk_size; fills p.chunk. Needs p's sequence lengths.
+// options.chunk_size and options.prefix_len; fills p.chunk and p.prefix_len. Needs p's sequence
+// lengths and mask (window_left, window_right).
 void check_variant_options(const char* fn, const Options& o, Problem& p);
 
 // Document ids of a forward or backward call (absent: nothing to check); sets p.documents. Needs
 // p's batch and sequence lengths (varlen: the packed token counts total_q, total_k).
 void check_documents(const char* fn, const TensorView& ids_q, const TensorView& ids_k, const Device& dev,
                      std::int64_t total_q, std::int64_t total_k, Problem& p);
+
+// Per-sequence prefix-LM lengths of a forward or backward call (absent: nothing to check); sets
+// p.prefix_per_seq. Needs p's batch and mask; host-resident lengths are checked one by one.
+void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, const Device& dev, Problem& p);
 
 // The block mask of a forward or backward call (absent: nothing to check); fills p.block_q and
 // p.block_k. Needs p's batch, heads and sequence lengths. Host-resident counts and indices are

@@ -25,34 +25,37 @@
 HWY_BEFORE_NAMESPACE();
 namespace tileattn::cpu::HWY_NAMESPACE {
 
-// A packed query tile: pass 1 writes it once, pass 2 reads it once per key block. The FMA products
-// take fp32 forms (Q^T carrying the scale where it can, dO^T, Q and dO padded); on AMX the same
-// space (larger than needed) holds the bf16 operands instead: Q and dO as column pairs, the B of
-// S^T = K Q^T and dP^T = V dO^T, and as row pairs, the B of dK += dS^T Q and dV += P^T dO.
+// A packed query tile of W lanes (its rows rounded up: flash::QueryTiles): pass 1 writes it once,
+// pass 2 reads it once per key block. The FMA products take fp32 forms (Q^T carrying the scale
+// where it can, dO^T, Q and dO padded); on AMX the same space (larger than needed) holds the bf16
+// operands instead: Q and dO as column pairs, the B of S^T = K Q^T and dP^T = V dO^T, and as row
+// pairs, the B of dK += dS^T Q and dV += P^T dO. Lanes past the tile's rows are zero (L = +inf).
 struct QueryTile {
-  float *QT, *dOT, *Qr, *dOr;  // [D][kBr], [DV][kBr], [kBr][Dp], [kBr][DVp]
-  std::uint32_t *Qd, *dOd;     // [pad32(D) / 2][kBr], [pad32(DV) / 2][kBr]
-  std::uint16_t *Q2, *dO2;     // [kBr / 2][2 pad16(D)], [kBr / 2][2 pad16(DV)]
-  float *L, *Dr;               // [kBr]: the LSE in log2 units (+inf: no key), D = rowsum(dO * O)
+  float* base;                 // the tile's first float: W * backward_tile_floats of them
+  int W;                       // lanes: a multiple of 16 (32 on AMX), at most kBr
+  float *QT, *dOT, *Qr, *dOr;  // [D][W], [DV][W], [W][Dp], [W][DVp]
+  std::uint32_t *Qd, *dOd;     // [pad32(D) / 2][W], [pad32(DV) / 2][W]
+  std::uint16_t *Q2, *dO2;     // [W / 2][2 pad16(D)], [W / 2][2 pad16(DV)]
+  float *L, *Dr;               // [W]: the LSE in log2 units (+inf: no key), D = rowsum(dO * O)
 
-  QueryTile(float* base, int D, int DV, bool on_amx) {
+  QueryTile(float* first, int D, int DV, bool on_amx, int width) : base(first), W(width) {
     if (on_amx) {
       QT = dOT = Qr = dOr = nullptr;
       Qd = reinterpret_cast<std::uint32_t*>(base);
-      dOd = Qd + amx::pad32(D) / 2 * kBr;
-      Q2 = reinterpret_cast<std::uint16_t*>(dOd + amx::pad32(DV) / 2 * kBr);
-      dO2 = Q2 + kBr * amx::pad16(D);
-      L = reinterpret_cast<float*>(dO2 + kBr * amx::pad16(DV));
+      dOd = Qd + amx::pad32(D) / 2 * W;
+      Q2 = reinterpret_cast<std::uint16_t*>(dOd + amx::pad32(DV) / 2 * W);
+      dO2 = Q2 + W * amx::pad16(D);
+      L = reinterpret_cast<float*>(dO2 + W * amx::pad16(DV));
     } else {
       Qd = dOd = nullptr;
       Q2 = dO2 = nullptr;
       QT = base;
-      dOT = QT + D * kBr;
-      Qr = dOT + DV * kBr;
-      dOr = Qr + kBr * flash::padded(D);
-      L = dOr + kBr * flash::padded(DV);
+      dOT = QT + D * W;
+      Qr = dOT + DV * W;
+      dOr = Qr + W * flash::padded(D);
+      L = dOr + W * flash::padded(DV);
     }
-    Dr = L + kBr;
+    Dr = L + W;
   }
 };
 
@@ -63,17 +66,21 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   const int D = p.hdim_qk, DV = p.hdim_v, Dp = flash::padded(D), DVp = flash::padded(DV);
   const std::int64_t rows_total = flash::total_q_rows(p, a);
   const flash::QueryTiles qtiles = flash::backward_query_tiles(p, a);
-  const std::int64_t tiles_total = qtiles.total;
+  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
   const int groups = flash::backward_key_groups(p);
   const std::size_t es = sizeof(T);
-  const std::size_t tile_floats = static_cast<std::size_t>(kBr) * flash::backward_tile_floats(p);
+  const std::size_t row_floats = flash::backward_tile_floats(p);
   flash::Workspace ws(a.options, flash::backward_scratch_bytes(p, a));
-  float* packed = ws.floats(static_cast<std::size_t>(p.heads_q) * tiles_total * tile_floats);  // [h][tile]
+  float* packed = ws.floats(static_cast<std::size_t>(p.heads_q) * qtiles.total * row_floats);  // [h][padded row]
   float* dQp = ws.floats(static_cast<std::size_t>(groups) * p.heads_q * rows_total * Dp);  // [g][h][row][Dp]
   auto row_index = [&](int b, const Seq& s, int i) -> std::int64_t {
     return p.varlen ? s.q0 + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
   };
-  auto tile_index = [&](int b, int qb) -> std::int64_t { return qtiles.first(b) + qb; };
+  // Query tile qb of sequence b (of sq rows), head h.
+  auto query_tile = [&](int h, int b, int sq, int qb) {
+    float* base = packed + (h * qtiles.total + qtiles.first(b) + static_cast<std::int64_t>(qb) * kBr) * row_floats;
+    return QueryTile(base, D, DV, on_amx, qtiles.width(sq, qb * kBr));
+  };
   auto part = [&](int g, int h, std::int64_t row) {
     return dQp + ((static_cast<std::int64_t>(g) * p.heads_q + h) * rows_total + row) * Dp;
   };
@@ -84,7 +91,6 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   const std::int64_t qtasks = static_cast<std::int64_t>(p.batch) * p.heads_q * qblocks;
   const float qscale = query_prescale(p.score_mod(0.f));
 
-  const bool on_amx = std::is_same_v<T, hwy::bfloat16_t> && amx::available();
   const std::int64_t qst = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
   const std::int64_t dost = (p.varlen ? a.dout.stride[0] : a.dout.stride[1]) * es;
   // Pass 1: every query tile once, in the forms pass 2 multiplies with (QueryTile), so that pass 2
@@ -100,16 +106,16 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int i0 = qb * kBr;
       if (i0 >= s.sq) continue;
       const int n = std::min(kBr, s.sq - i0);
-      float* base = packed + (h * tiles_total + tile_index(b, qb)) * tile_floats;
-      std::memset(base, 0, sizeof(float) * tile_floats);
-      const QueryTile qt(base, D, DV, on_amx);
+      const QueryTile qt = query_tile(h, b, s.sq, qb);
+      const int W = qt.W;
+      std::memset(qt.base, 0, sizeof(float) * W * row_floats);
       if (on_amx) {
         const T* q0 = ptr(a.q, b, s.q0 + i0, h);
         const T* do0 = ptr(a.dout, b, s.q0 + i0, h);
-        amx::pack_column_pairs(q0, qst, n, D, kBr, qt.Qd);
-        amx::pack_column_pairs(do0, dost, n, DV, kBr, qt.dOd);
-        amx::pack_row_pairs(q0, qst, n, kBr, D, qt.Q2);
-        amx::pack_row_pairs(do0, dost, n, kBr, DV, qt.dO2);
+        amx::pack_column_pairs(q0, qst, n, D, W, qt.Qd);
+        amx::pack_column_pairs(do0, dost, n, DV, W, qt.dOd);
+        amx::pack_row_pairs(q0, qst, n, W, D, qt.Q2);
+        amx::pack_row_pairs(do0, dost, n, W, DV, qt.dO2);
       }
       for (int r = 0; r < n; ++r) {
         const std::int64_t qrow = s.q0 + i0 + r;
@@ -121,14 +127,14 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         qt.Dr[r] = acc;
         if (!on_amx) {
           LoadRow(ptr(a.q, b, qrow, h), qt.Qr + r * Dp, D);
-          for (int c = 0; c < D; ++c) qt.QT[c * kBr + r] = qt.Qr[r * Dp + c] * qscale;
-          for (int c = 0; c < DV; ++c) qt.dOT[c * kBr + r] = dor[c];
+          for (int c = 0; c < D; ++c) qt.QT[c * W + r] = qt.Qr[r * Dp + c] * qscale;
+          for (int c = 0; c < DV; ++c) qt.dOT[c * W + r] = dor[c];
         }
         const float lse = a.lse.ptr<const float>()[lse_elem(a.lse, p.varlen, b, qrow, h)];
         qt.L[r] = lse == -kInf ? kInf : lse * kLog2e;
         for (int g = 0; g < groups; ++g) std::memset(part(g, h, row_index(b, s, i0 + r)), 0, sizeof(float) * Dp);
       }
-      for (int r = n; r < kBr; ++r) qt.L[r] = kInf;
+      for (int r = n; r < W; ++r) qt.L[r] = kInf;
     }
   });
 
@@ -168,6 +174,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
       Variant var = p.variant(s.sq, s.sk, a.options);
       set_documents(p, a.document_ids_q, a.document_ids_k, b, s, var);
+      set_prefix(p, a.prefix_lens, b, var);
       const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
       const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
       const std::int64_t ks = (p.varlen ? a.k.stride[0] : a.k.stride[1]) * es;
@@ -193,22 +200,23 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
         // block (no element mask).
         auto tile = [&](int h, int qb, bool full) {
           const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
-          const QueryTile qt(packed + (h * tiles_total + tile_index(b, qb)) * tile_floats, D, DV, on_amx);
+          const QueryTile qt = query_tile(h, b, s.sq, qb);
+          const int W = qt.W;  // lanes past W of S and dP are left as they were: never read
           float* dq = part(grp, h, row_index(b, s, i0));
           if (on_amx) {
-            amx::product(kt, kts, qt.Qd, kBr * 4, S, kBr * 4, keys16, kBr, Dk, false);
+            amx::product(kt, kts, qt.Qd, W * 4, S, kBr * 4, keys16, W, Dk, false);
             ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1));
-            amx::product(vt, vts, qt.dOd, kBr * 4, dP, kBr * 4, keys16, kBr, DVk, false);
+            amx::product(vt, vts, qt.dOd, W * 4, dP, kBr * 4, keys16, W, DVk, false);
           } else {
-            Gemm(Kj, Dp, 1, qt.QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+            Gemm(Kj, Dp, 1, qt.QT, W, S, kBr, nk, W, D, nullptr, false);
             ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
-            Gemm(Vj, DV, 1, qt.dOT, kBr, dP, kBr, nk, kBr, DV, nullptr, false);
+            Gemm(Vj, DV, 1, qt.dOT, W, dP, kBr, nk, W, DV, nullptr, false);
           }
           if (!full && var.documents()) DocumentTile(var, rows, S, j0, nk);
           if (dropout) DropTile(var, rows, dP, j0, nk);
           const VF keep_scale = hn::Set(df, dropout ? var.drop.keep_scale : 1.f);
           const VF scale = hn::Set(df, var.score.scale);
-          for (int v = 0; v < kBr; v += N) {
+          for (int v = 0; v < W; v += N) {
             const VF lv = hn::LoadU(df, qt.L + v), dv = hn::LoadU(df, qt.Dr + v);
             for (int jj = 0; jj < nk; ++jj) {
               const VF pj = Exp2(df, hn::Sub(hn::LoadU(df, S + jj * kBr + v), lv));
@@ -231,11 +239,11 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
           if (on_amx) {
             // Key rows nk..keys16 of S and dP came from zero rows of K and V: they add nothing.
             amx::round(S, keys16 * kBr, Pb);
-            amx::product(Pb, kBr * 2, qt.dO2, DVp * 4, dV, DVp * 4, keys16, DVp, kBr, true);
+            amx::product(Pb, kBr * 2, qt.dO2, DVp * 4, dV, DVp * 4, keys16, DVp, W, true);
             amx::round(dP, keys16 * kBr, dSb);
-            amx::product(dSb, kBr * 2, qt.Q2, Dp * 4, dK, Dp * 4, keys16, Dp, kBr, true);
+            amx::product(dSb, kBr * 2, qt.Q2, Dp * 4, dK, Dp * 4, keys16, Dp, W, true);
             amx::transpose_round(dP, nk, keys32, dSr);
-            amx::product(dSr, keys32 * 2, K2, Dp * 4, dQt, Dp * 4, kBr, Dp, keys32, false);
+            amx::product(dSr, keys32 * 2, K2, Dp * 4, dQt, Dp * 4, W, Dp, keys32, false);
             // The tile's rows past n belong to the next sequence's partial (or lie past the last).
             for (int r = 0; r < n; ++r)
               for (int c = 0; c < Dp; c += N)

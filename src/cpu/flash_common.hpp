@@ -10,6 +10,7 @@
 #include "core/problem.hpp"
 #include "core/scratch.hpp"
 #include "core/workspace.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/tensor_io.hpp"
 
 namespace tileattn::cpu::flash {
@@ -78,26 +79,35 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
-// Backward: the packed query tiles of all sequences, sequence b's ceil(sq_b / kBr) of them from
-// first(b) on: exactly as many as the real lengths need, none for an empty sequence.
+// Backward: the packed query tiles of all sequences. A tile is as wide as its rows rounded up to
+// `align` (16, whole vectors on every target; 32 where the tile unit multiplies over them), so a
+// sequence of 1 to 16 rows packs and computes 16 lanes, not kBr: sequence b's tiles take
+// padded_rows(sq_b) rows from first(b) on, tile qb at first(b) + qb * kBr.
 struct QueryTiles {
-  std::vector<std::int64_t> start;  // varlen: first tile of each sequence (batch + 1 entries)
-  std::int64_t per_seq = 0;         // batched: tiles of every sequence
-  std::int64_t total = 0;
+  int align = 16;
+  std::vector<std::int64_t> start;  // varlen: first padded row of each sequence (batch + 1 entries)
+  std::int64_t per_seq = 0;         // batched: padded rows of every sequence
+  std::int64_t total = 0;           // padded rows of all sequences
   std::int64_t first(int b) const { return start.empty() ? b * per_seq : start[b]; }
+  // Lanes of the tile whose first row is i0 in a sequence of sq rows.
+  int width(int sq, int i0) const { return std::min(kBr, (sq - i0 + align - 1) / align * align); }
+  std::int64_t padded_rows(std::int64_t sq) const {
+    return sq / kBr * kBr + (sq % kBr + align - 1) / align * align;
+  }
 };
 
 inline QueryTiles backward_query_tiles(const Problem& p, const BackwardArgs& a) {
   QueryTiles t;
+  t.align = p.dtype == DType::bf16 && amx::available() ? 32 : 16;
   if (!p.varlen) {
-    t.per_seq = (static_cast<std::int64_t>(p.seqlen_q) + kBr - 1) / kBr;
+    t.per_seq = t.padded_rows(p.seqlen_q);
     t.total = t.per_seq * p.batch;
     return t;
   }
   t.start.resize(static_cast<std::size_t>(p.batch) + 1, 0);
   for (int b = 0; b < p.batch; ++b) {
     const std::int64_t sq = load_i32(a.cu_seqlens_q, b + 1) - load_i32(a.cu_seqlens_q, b);
-    t.start[b + 1] = t.start[b] + (sq + kBr - 1) / kBr;
+    t.start[b + 1] = t.start[b] + t.padded_rows(sq);
   }
   t.total = t.start[p.batch];
   return t;
@@ -122,7 +132,7 @@ inline int backward_key_groups(const Problem& p) {
 // key group: O(N).
 inline std::size_t backward_scratch_bytes(const Problem& p, const BackwardArgs& a) {
   const std::size_t packed =
-      static_cast<std::size_t>(backward_query_tiles(p, a).total) * p.heads_q * kBr * backward_tile_floats(p);
+      static_cast<std::size_t>(backward_query_tiles(p, a).total) * p.heads_q * backward_tile_floats(p);
   const std::size_t partials =
       static_cast<std::size_t>(total_q_rows(p, a)) * p.heads_q * backward_key_groups(p) * padded(p.hdim_qk);
   return sizeof(float) * (packed + partials);

@@ -171,6 +171,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         sh.dv = p.hdim_v;
         sh.var = p.variant(s.sq, s.sk, a.options);
         set_documents(p, a.document_ids_q, a.document_ids_k, b, s, sh.var);
+        set_prefix(p, a.prefix_lens, b, sh.var);
         const float slope = alibi_slope(p, a.alibi_slopes, b, h);
         const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
         const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;

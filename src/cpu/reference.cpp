@@ -42,12 +42,15 @@ struct Head {
   std::vector<unsigned char> blocks;
   long kblocks = 0;
   std::vector<std::int32_t> doc_q, doc_k;  // document ids of the rows and keys; empty: none
+  int prefix = 0;                          // prefix-LM: keys [0, prefix) seen by every row
 
   long diag(int i) const { return p->bottom_right ? static_cast<long>(i) + sk - sq : i; }
-  // The element rules: window (causal folded in) and the attention chunk.
+  // The element rules: window (causal folded in) unless the key lies in the prefix, the attention
+  // chunk, the documents.
   bool element_visible(int i, int j) const {
-    if (p->window_left >= 0 && j < diag(i) - p->window_left) return false;
-    if (p->window_right >= 0 && j > diag(i) + p->window_right) return false;
+    const bool in_prefix = j < prefix;
+    if (!in_prefix && p->window_left >= 0 && j < diag(i) - p->window_left) return false;
+    if (!in_prefix && p->window_right >= 0 && j > diag(i) + p->window_right) return false;
     if (p->chunk > 0 && std::floor(static_cast<double>(diag(i)) / p->chunk) != std::floor(static_cast<double>(j) / p->chunk))
       return false;
     if (!doc_q.empty() && doc_q[i] != doc_k[j]) return false;
@@ -184,6 +187,7 @@ Head make_head(const Problem& p, const TensorView& q, const TensorView& k, const
   hd.dv = p.hdim_v;
   hd.slope = alibi_slope(p, slopes, b, h);
   hd.bh = static_cast<std::uint32_t>(b * p.heads_q + h);
+  hd.prefix = p.prefix_len;
   const int g = h / p.group();
   hd.q = gather(q, p.varlen, b, s.q0, s.sq, h, p.hdim_qk);
   hd.k = gather(k, p.varlen, b, s.k0, s.sk, g, p.hdim_qk);
@@ -213,6 +217,7 @@ void reference_forward(const Problem& p, const ForwardArgs& a, RefPrecision prec
       Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
       materialize_blocks(p, a.block_mask, b, h, hd);
       gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
+      if (p.prefix_per_seq) hd.prefix = load_i32(a.prefix_lens, b);
       std::vector<double> O, L;
       attend(hd, r, drop, O, L);
       store_out(p, a.out, a.lse, b, h, s.q0, O, L);
@@ -234,6 +239,7 @@ void reference_backward(const Problem& p, const BackwardArgs& a, RefPrecision pr
         Head hd = make_head(p, a.q, a.k, a.v, a.alibi_slopes, b, h, s);
         materialize_blocks(p, a.block_mask, b, h, hd);
         gather_documents(p, a.document_ids_q, a.document_ids_k, b, s, hd);
+        if (p.prefix_per_seq) hd.prefix = load_i32(a.prefix_lens, b);
         const std::vector<double> dO = gather(a.dout, p.varlen, b, s.q0, s.sq, h, p.hdim_v);
         std::vector<double> P, qk, L;
         probabilities(hd, r, P, qk, L);
@@ -336,6 +342,7 @@ void reference_decode(const Problem& p, const DecodeArgs& a, RefPrecision prec) 
       hd.d = p.hdim_qk;
       hd.dv = p.hdim_v;
       hd.slope = alibi_slope(p, a.alibi_slopes, b, h);
+      hd.prefix = p.prefix_len;
       hd.q = gather(a.q, false, b, 0, hd.sq, h, hd.d);
       if (p.rotary_dim) {
         for (int i = 0; i < hd.sq; ++i) {

@@ -78,6 +78,11 @@ inline void set_documents(const Problem& p, const TensorView& ids_q, const Tenso
   }
 }
 
+// Sequence b's prefix-LM length into its variant, where the call gives one per sequence.
+inline void set_prefix(const Problem& p, const TensorView& lens, int b, Variant& v) {
+  if (p.prefix_per_seq) v.prefix = load_i32(lens, b);
+}
+
 inline float alibi_slope(const Problem& p, const TensorView& slopes, int b, int h) {
   if (!p.has_alibi) return 0.f;
   const float* s = slopes.ptr<const float>();

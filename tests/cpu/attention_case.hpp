@@ -36,6 +36,7 @@ struct Case {
   bool varlen = false, bhsd = false, alibi = false, alibi_per_batch = false;
   bool documents = false;  // document ids: runs of random lengths, or (unsorted) random small ids
   std::vector<int> lens_q, lens_k;  // varlen: per-sequence lengths (seqlen_q/k = their maxima)
+  std::vector<int> prefix_lens;     // prefix-LM per sequence (ForwardArgs::prefix_lens); empty: none
   Options options;
   SparseSpec sparse;
 
@@ -49,6 +50,11 @@ struct Case {
        << (alibi_per_batch ? "/batch" : "") << " dropout=" << options.dropout_p;
     if (options.chunk_size) os << " chunk=" << options.chunk_size;
     if (documents) os << " documents";
+    if (options.prefix_len) os << " prefix=" << options.prefix_len;
+    if (!prefix_lens.empty()) {
+      os << " prefix_lens=";
+      for (int l : prefix_lens) os << l << ",";
+    }
     if (sparse.block_q)
       os << " block_mask=" << sparse.pattern << " " << sparse.block_q << "x" << sparse.block_k << " dims=" << sparse.batches
          << "," << sparse.heads << (sparse.full_lists ? "" : " no-full-lists");
@@ -167,6 +173,31 @@ inline void add_random_block_mask(Case& c, std::mt19937_64& rng) {
   }
 }
 
+// Turns a case into prefix-LM: causal (or a right window) beyond a prefix of random length (0, a
+// few keys, past every key), per call or per sequence; no left window or chunks, which prefix-LM
+// does not combine with.
+inline void add_prefix_lm(Case& c, std::mt19937_64& rng) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  Options& o = c.options;
+  o.window_left = -1;
+  o.chunk_size = 0;
+  if (!o.causal && o.window_right < 0) {
+    if (uni(0, 3) == 0)
+      o.window_right = uni(0, 5);
+    else
+      o.causal = true;
+  }
+  auto length = [&] {
+    const int kind = uni(0, 5);
+    return kind == 0 ? 0 : kind == 1 ? c.seqlen_k + uni(0, 3) : uni(1, std::max(1, c.seqlen_k));
+  };
+  if (uni(0, 1)) {
+    o.prefix_len = std::max(1, length());
+  } else {
+    for (int b = 0; b < c.batch; ++b) c.prefix_lens.push_back(length());
+  }
+}
+
 // A random case in bf16 at the head dims models use (over up to max_len keys, several tiles): on a
 // CPU with AMX these take the tile-unit paths.
 inline Case random_bf16_model_case(std::mt19937_64& rng, int max_len) {
@@ -182,6 +213,7 @@ struct CaseTensors {
   HostTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes;
   HostTensor kv_num, kv_idx, full_num, full_idx;  // the block mask, when the case has one
   HostTensor doc_q, doc_k;                        // document ids, when the case has them
+  HostTensor prefix;                              // prefix-LM lengths per sequence, when the case has them
 
   explicit CaseTensors(const Case& c, std::mt19937_64& rng) {
     const DType t = c.dtype;
@@ -222,6 +254,7 @@ struct CaseTensors {
     }
     if (c.sparse.block_q) block_mask_tensors(c.sparse, rng);
     if (c.documents) document_tensors(c, rng);
+    if (!c.prefix_lens.empty()) prefix = int_tensor(std::vector<std::int32_t>(c.prefix_lens.begin(), c.prefix_lens.end()));
   }
 
   // Per sequence, ids in runs of random lengths (packed documents) or, a third of the time, random
@@ -324,6 +357,7 @@ struct CaseTensors {
       a.document_ids_q = doc_q.view();
       a.document_ids_k = doc_k.view();
     }
+    if (!c.prefix_lens.empty()) a.prefix_lens = prefix.view();
     a.options = c.options;
     return a;
   }
@@ -348,6 +382,7 @@ struct CaseTensors {
     a.block_mask = f.block_mask;
     a.document_ids_q = f.document_ids_q;
     a.document_ids_k = f.document_ids_k;
+    a.prefix_lens = f.prefix_lens;
     a.options = c.options;
     return a;
   }

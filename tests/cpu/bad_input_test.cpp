@@ -60,6 +60,25 @@ void add_option_cases(std::vector<BadCase>& out, const std::string& fn, const st
     a.options.window_right = 3;
   });
   add("num_splits -1", "options.num_splits", [](Args& a) { a.options.num_splits = -1; });
+  add("prefix_len -1", "options.prefix_len", [](Args& a) {
+    a.options.causal = true;
+    a.options.prefix_len = -1;
+  });
+  add("prefix_len without causal", "options.prefix_len", [](Args& a) {
+    a.options.causal = false;
+    a.options.window_right = -1;
+    a.options.prefix_len = 4;
+  });
+  add("prefix_len with window_left", "options.window_left", [](Args& a) {
+    a.options.causal = true;
+    a.options.window_left = 0;
+    a.options.prefix_len = 4;
+  });
+  add("prefix_len with chunk_size", "options.chunk_size", [](Args& a) {
+    a.options.causal = true;
+    a.options.chunk_size = 2;
+    a.options.prefix_len = 4;
+  });
   for (float p : {-0.5f, 1.f, 2.f, kNaN, kInf})
     add("dropout_p " + std::to_string(p), "options.dropout_p", [p](Args& a) { a.options.dropout_p = p; });
 }

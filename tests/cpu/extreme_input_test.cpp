@@ -95,6 +95,12 @@ TEST(ExtremeInput, BackwardScratchFollowsTheRealRows) {
   d.lens_k = {1};
   CaseTensors u(d, rng);
   EXPECT_LE(ws, 64 * workspace_size(u.backward(d)));
+  // And a one-row tile packs 16 lanes (f32), not 64: a quarter of the scratch of 64-row sequences.
+  Case full = c;
+  full.lens_q.assign(64, 64);
+  full.seqlen_q = 64;
+  CaseTensors w(full, rng);
+  EXPECT_LE(4 * ws, workspace_size(w.backward(full)));
 }
 
 TEST(ExtremeInput, SplitCountFarBeyondTheKeys) {

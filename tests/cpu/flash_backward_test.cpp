@@ -76,6 +76,17 @@ TEST(FlashBackward, BlockSparseSweepMatchesReference) {
   });
 }
 
+// Prefix-LM, per call and per sequence, alone and as a block mask's element mask, in every dtype.
+TEST(FlashBackward, PrefixLmSweepMatchesReference) {
+  expect_sweep_matches_reference(100, [](std::mt19937_64& rng) {
+    const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
+    Case c = kind == 3 ? random_bf16_model_case(rng, 200) : random_case(rng, 140);
+    add_prefix_lm(c, rng);
+    if (kind == 2) add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
 TEST(FlashBackward, BlockSparseBf16ModelHeadDimsMatchReference) {
   RecordProperty("amx", cpu::amx::available() ? "yes" : "no");
   expect_sweep_matches_reference(20, [](std::mt19937_64& rng) {

@@ -84,6 +84,19 @@ TEST(FlashForward, BlockSparseSweepMatchesReference) {
   });
 }
 
+// Prefix-LM (per call and per sequence, prefixes from 0 to past every key) over the sweep's
+// layouts, grouped heads, varlen batches, score mods and dropout, alone and as the element mask of
+// a block mask's partial blocks; bf16 at model head dims (AMX where the CPU has it) among them.
+TEST(FlashForward, PrefixLmSweepMatchesReference) {
+  expect_sweep_matches_reference(150, [](std::mt19937_64& rng) {
+    const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
+    Case c = kind == 3 ? random_bf16_model_case(rng, 300) : random_case(rng, 200);
+    add_prefix_lm(c, rng);
+    if (kind == 2) add_random_block_mask(c, rng);
+    return c;
+  });
+}
+
 // The same in bf16 at model head dims: on a CPU with AMX the tile-unit path where key blocks start
 // on multiples of 32.
 TEST(FlashForward, BlockSparseBf16ModelHeadDimsMatchReference) {

@@ -120,6 +120,43 @@ TEST(ValidateForward, Options) {
   });
 }
 
+TEST(ValidateForward, PrefixLm) {
+  Batched t;
+  HostTensor lens = test::int_tensor({3, 0}), neg = test::int_tensor({3, -1}), three = test::int_tensor({1, 2, 3});
+  HostTensor lens_f32(DType::f32, {2}), lens_2d(DType::i32, {2, 1});
+  auto causal = [](ForwardArgs& a, int prefix) {
+    a.options.causal = true;
+    a.options.prefix_len = prefix;
+  };
+  t.run({
+      {"negative", [&](ForwardArgs& a) { causal(a, -2); }, {"options.prefix_len = -2, expected >= 0"}},
+      {"no causal", [](ForwardArgs& a) { a.options.prefix_len = 2; },
+       {"prefix-LM (options.prefix_len = 2) needs a mask beyond the prefix", "causal = false, window_right = -1"}},
+      {"window_left", [&](ForwardArgs& a) { causal(a, 2); a.options.window_left = 1; },
+       {"prefix-LM (options.prefix_len = 2) cannot be combined with options.window_left = 1"}},
+      {"chunk", [&](ForwardArgs& a) { causal(a, 2); a.options.chunk_size = 2; },
+       {"prefix-LM (options.prefix_len = 2) cannot be combined with options.chunk_size = 2"}},
+      {"both", [&](ForwardArgs& a) { causal(a, 2); a.prefix_lens = lens.view(); },
+       {"options.prefix_len = 2 and prefix_lens are both given"}},
+      {"per sequence, no causal", [&](ForwardArgs& a) { a.prefix_lens = lens.view(); },
+       {"prefix-LM (prefix_lens) needs a mask beyond the prefix"}},
+      {"per sequence, negative", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = neg.view(); },
+       {"prefix_lens[1] = -1 is negative"}},
+      {"per sequence, batch", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = three.view(); },
+       {"prefix_lens has shape [3], expected [2] (batch)"}},
+      {"per sequence, rank", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens_2d.view(); },
+       {"prefix_lens has shape [2, 1], expected [2] (batch)"}},
+      {"per sequence, dtype", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens_f32.view(); },
+       {"prefix_lens has dtype f32, expected i32"}},
+      {"per sequence, device", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.device = kCuda; },
+       {"prefix_lens is not on q's device"}},
+      {"per sequence, null", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = nullptr; },
+       {"prefix_lens has a null data pointer"}},
+      {"out over prefix_lens", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = a.lse.data; },
+       {"output lse overlaps input prefix_lens"}},
+  });
+}
+
 TEST(ValidateForward, AlibiSlopes) {
   Batched t;
   t.run({

@@ -248,11 +248,12 @@ TEST_F(GpuDecode, DecodeGridShapesAgreeWithOracle) {
 }
 
 TEST_F(GpuDecode, SplitsRepeatBitwise) {
-  // 16 splits (the heuristic's choice for one sequence and 8 KV heads on an H100-sized GPU),
-  // merged in split order by whichever block finishes last: two calls agree to the bit, and both
-  // agree with the oracle.
+  // 16 splits (the heuristic's choice for one full 8k sequence and 8 KV heads on an H100-sized
+  // GPU; asked for here, since the heuristic splits the drawn length, not the capacity), merged in
+  // split order by whichever block finishes last: two calls agree to the bit, and both agree with
+  // the oracle.
   Case c;
-  c.batch = 1, c.capacity = 8192, c.heads_q = 32, c.heads_kv = 8;
+  c.batch = 1, c.capacity = 8192, c.heads_q = 32, c.heads_kv = 8, c.splits = 16;
   const std::uint64_t seed = fresh_seed();
   check_case(c, seed);
   std::mt19937_64 rng(seed);
@@ -293,6 +294,26 @@ TEST_F(GpuDecode, OutOfRangeDeviceMetadataIsRejectedBeforeLaunch) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cache_seqlens[1] = 65"), std::string::npos) << e.what();
   }
+}
+
+// One case of each decode kernel with an append: rotary keys and queries written into the cache,
+// then the tensor-core kernel (head dim 128, paged 16: one page per key tile), its per-key page
+// lookup (page size 5) and the CUDA-core kernel (head dim 256, contiguous, interleaved rotary), each
+// split and merged. Small enough for the sanitizers' one-case-per-kernel runs.
+TEST_F(GpuDecode, AppendWithRotaryOnEveryKernel) {
+  const std::uint64_t seed = fresh_seed();
+  Case c;
+  c.batch = 3, c.heads_q = 8, c.heads_kv = 2, c.seqlen_q = 2, c.capacity = 300, c.page_size = 16;
+  c.seqlen_new = 3, c.rotary_dim = 64, c.causal = true, c.splits = 3;
+  check_case(c, seed);
+  c.page_size = 5;
+  c.softcap = 5.f;
+  check_case(c, seed + 1);
+  Case w;
+  w.dtype = DType::f16;
+  w.batch = 2, w.heads_q = 4, w.heads_kv = 1, w.hdim = w.hdim_v = 256, w.capacity = 200;
+  w.seqlen_new = 1, w.rotary_dim = 256, w.interleaved = true, w.splits = 2;
+  check_case(w, seed + 2);
 }
 
 TEST_F(GpuDecode, CudaGraphCaptureAndReplay) {

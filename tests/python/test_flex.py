@@ -102,6 +102,38 @@ def test_chunked_local_numpy_matches_oracle():
         assert_f32_close(lse[0, h], head.lse)
 
 
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_prefix_lm_numpy_matches_oracle(per_sequence):
+    rng = np.random.default_rng()
+    sq, sk = int(rng.integers(1, 150)), int(rng.integers(1, 150))
+    q = rng.standard_normal((2, sq, 4, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, sk, 2, 16)).astype(np.float32) for _ in range(2))
+    prefix = rng.integers(0, sk + 3, 2).astype(np.int32) if per_sequence else int(rng.integers(1, sk + 3))
+    out, lse = tileattn.block_sparse_forward(q, k, v, prefix_len=prefix, causal=True, backend="cpu_flash")
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    for b in range(2):
+        p = prefix[b] if per_sequence else prefix
+        vis = (j <= i + sk - sq) | (j < p)  # bottom-right causal, or a key of the prefix
+        for h in range(4):
+            head = Head(q[b, :, h], k[b, :, h // 2], v[b, :, h // 2], 0.25, vis)
+            assert_f32_close(out[b, :, h], head.out)
+            assert_f32_close(lse[b, h], head.lse)
+
+
+def test_prefix_lm_errors_name_the_argument():
+    q = np.zeros((2, 40, 2, 8), np.float32)
+    with pytest.raises(tileattn.Error, match=r"options.prefix_len = -1, expected >= 0"):
+        tileattn.block_sparse_forward(q, q, q, prefix_len=-1, causal=True, backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"prefix-LM \(options.prefix_len = 4\) needs a mask beyond the prefix"):
+        tileattn.block_sparse_forward(q, q, q, prefix_len=4, backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"prefix_lens\[1\] = -3 is negative"):
+        tileattn.block_sparse_forward(q, q, q, prefix_len=np.array([2, -3], np.int32), causal=True, backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"prefix_lens has shape \[3\], expected \[2\] \(batch\)"):
+        tileattn.block_sparse_forward(q, q, q, prefix_len=np.zeros(3, np.int32), causal=True, backend="cpu_flash")
+    with pytest.raises(TypeError, match=r"prefix_len = 2.5 is a float"):
+        tileattn.block_sparse_forward(q, q, q, prefix_len=2.5, causal=True, backend="cpu_flash")
+
+
 # ---------------------------------------------------------------------------------------------------
 # PyTorch: tileattn.flex_attention against torch.nn.attention.flex_attention on CPU tensors.
 
@@ -123,6 +155,11 @@ def _masks(flex, torch, kind, sq, sk, window=24, batch=2):
         return (lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)), dict(causal=True, document_ids=ids)
     if kind == "chunked":
         return (lambda b, h, qi, ki: (qi >= ki) & (qi // window == ki // window)), dict(causal=True, chunk_size=window)
+    if kind == "prefix":
+        return (lambda b, h, qi, ki: (qi >= ki) | (ki < 50)), dict(causal=True, prefix_len=50)
+    if kind == "prefix-per-sequence":
+        prefix = torch.randint(0, sk + 1, (batch,), dtype=torch.int32)
+        return (lambda b, h, qi, ki: (qi >= ki) | (ki < prefix[b])), dict(causal=True, prefix_len=prefix)
     raise ValueError(kind)
 
 
@@ -145,7 +182,7 @@ def _dense_reference(torch, q, k, v, mask):
     return p @ v
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked"])
+@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "prefix", "prefix-per-sequence"])
 @pytest.mark.parametrize("gqa", [False, True])
 def test_flex_attention_matches_torch(kind, gqa):
     torch, flex = _flex()
@@ -156,7 +193,7 @@ def test_flex_attention_matches_torch(kind, gqa):
     k = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
     v = torch.randn(batch, hk, sq, d, dtype=torch.float32, requires_grad=True)
     mask_mod, kw = _masks(flex, torch, kind, sq, sq, batch=batch)
-    per_batch = batch if kind == "documents" else None
+    per_batch = batch if kind in ("documents", "prefix-per-sequence") else None
     bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cpu", BLOCK_SIZE=32)
     with torch.no_grad():
         want, want_lse = _torch_flex_with_lse(flex, q.detach(), k.detach(), v.detach(), block_mask=bm, enable_gqa=gqa)

@@ -99,20 +99,27 @@ Kernel select_kernel(const Problem& p) {
                                : pick_dim<__nv_bfloat16>(padded_dim(p), rows, per_key);
 }
 
-// Splits of the KV sequence: as many as fill one wave of resident blocks (the kernel's occupancy
-// times the SM count) without spilling into a second, but never splits shorter than
-// kMinKeysPerSplit keys, whose partials would cost more to merge than they save. No split when the
-// (batch, KV head, row chunk) grid already fills the GPU.
+// Splits of the KV sequence. The heuristic takes as many as fill one wave of resident blocks (the
+// kernel's occupancy times the SM count) without spilling into a second, but never splits shorter
+// than kMinKeysPerSplit keys, whose partials would cost more to merge than they save; no split
+// when the (batch, KV head, row chunk) grid already fills the GPU. A caller's count is capped
+// twice, so that scratch follows the data and the machine, not the option: by the key tiles of
+// the longest sequence (decode_keys: the real lengths where the host holds them; a split holds
+// whole tiles, more would be empty ones, each with its own partial), and at two waves of
+// resident blocks over the whole grid (past that, more splits add merge work and scratch only).
 int choose_splits(const Problem& p, const Options& o) {
-  // A caller's count is capped by the keys the call attends (decode_keys: the real lengths where
-  // the host holds them), so scratch follows the data, not the option.
-  if (o.num_splits > 0) return std::min(o.num_splits, std::max(1, p.decode_keys));
   const Kernel k = select_kernel(p);
   const long rows = static_cast<long>(p.seqlen_q) * p.group();
   const long base = static_cast<long>(p.batch) * p.heads_kv * ((rows + k.rows - 1) / k.rows);
   const long wave = static_cast<long>(k.per_sm) * device_sm_count();
+  const long keys = std::max(1, p.decode_keys);
+  if (o.num_splits > 0) {
+    const long tiles = (keys + decoding::kTileKeys - 1) / decoding::kTileKeys;
+    const long waves2 = std::max<long>(1, 2 * wave / std::max<long>(base, 1));
+    return static_cast<int>(std::min<long>({o.num_splits, tiles, waves2}));
+  }
   if (base == 0 || base >= wave) return 1;
-  const int max_splits = std::max(1, (p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+  const long max_splits = (keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
   return static_cast<int>(std::max<long>(1, std::min<long>(max_splits, wave / base)));
 }
 
@@ -223,8 +230,11 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.batch = p.batch, prm.seqlen_q = p.seqlen_q, prm.heads_q = p.heads_q, prm.heads_kv = p.heads_kv;
   prm.hdim_qk = p.hdim_qk, prm.hdim_v = p.hdim_v;
   prm.splits = w.splits;
-  constexpr int kTile = decoding::kTileKeys;  // splits start on tiles
-  prm.keys_per_split = ((p.seqlen_k + w.splits - 1) / w.splits + kTile - 1) / kTile * kTile;
+  // Splits start on tiles and cover the longest sequence's keys (decode_keys), not the capacity:
+  // a cache filled to a tenth is split over its keys, not over its empty tail.
+  constexpr int kTile = decoding::kTileKeys;
+  const int keys = std::max(1, p.decode_keys);
+  prm.keys_per_split = ((keys + w.splits - 1) / w.splits + kTile - 1) / kTile * kTile;
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
 
