@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <hwy/targets.h>
@@ -57,14 +59,26 @@ int to_int(const char* fn, const char* name, std::int64_t v) {
   return static_cast<int>(v);
 }
 
+// heads_first: the 4-D arrays are [batch, heads, seqlen, d] (PyTorch SDPA's layout) and cross as
+// their [batch, seqlen, heads, d] transposes, so that the caller makes no transposed views (about a
+// microsecond of host time each in PyTorch). Other ranks are left for the core to report.
+void heads_first_to_core(std::initializer_list<TensorView*> views) {
+  for (TensorView* t : views)
+    if (t->ndim == 4) {
+      std::swap(t->shape[1], t->shape[2]);
+      std::swap(t->stride[1], t->stride[2]);
+    }
+}
+
 ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,
                          const OptOut& lse, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
-                         const OptIn& alibi, const Options& o) {
+                         const OptIn& alibi, const Options& o, bool heads_first = false) {
   ForwardArgs a;
   a.q = to_view(fn, "q", q);
   a.k = to_view(fn, "k", k);
   a.v = to_view(fn, "v", v);
   a.out = to_view(fn, "out", out);
+  if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out});
   a.lse = to_view(fn, "lse", lse);
   a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
   a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
@@ -78,7 +92,7 @@ ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const I
 BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Input& out,
                            const Input& dout, const OptIn& lse, const Output& dq, const Output& dk,
                            const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
-                           const OptIn& alibi, const Options& o) {
+                           const OptIn& alibi, const Options& o, bool heads_first = false) {
   BackwardArgs a;
   a.q = to_view(fn, "q", q);
   a.k = to_view(fn, "k", k);
@@ -89,6 +103,7 @@ BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const
   a.dq = to_view(fn, "dq", dq);
   a.dk = to_view(fn, "dk", dk);
   a.dv = to_view(fn, "dv", dv);
+  if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv});
   a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
   a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
   a.max_seqlen_q = max_q;
@@ -188,17 +203,19 @@ void bind_calls(nb::module_& m) {
       "forward",
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
          const OptIn& cu_q, const OptIn& cu_k, std::int64_t max_q, std::int64_t max_k, const OptIn& alibi,
-         const Options& o, nb::object workspace) {
+         const Options& o, nb::object workspace, bool heads_first) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, to_int("forward", "max_seqlen_q", max_q),
-                                     to_int("forward", "max_seqlen_k", max_k), alibi, o);
+                                     to_int("forward", "max_seqlen_k", max_k), alibi, o, heads_first);
         nb::object ws = attach_workspace(a, workspace);
         nb::gil_scoped_release release;
         tileattn::forward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(),
-      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
+      "options"_a = Options(), "workspace"_a = nb::none(), "heads_first"_a = false,
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).\n"
+      "heads_first: q, k, v and out are [batch, heads, seqlen, d] (PyTorch SDPA's layout) rather than "
+      "[batch, seqlen, heads, d]; lse is [batch, heads, seqlen] either way.");
 
   m.def(
       "forward_workspace_size",
@@ -217,18 +234,20 @@ void bind_calls(nb::module_& m) {
       "backward",
       [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k,
-         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o, nb::object workspace) {
+         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o, nb::object workspace,
+         bool heads_first) {
         BackwardArgs a = backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
                                        to_int("backward", "max_seqlen_q", max_q),
-                                       to_int("backward", "max_seqlen_k", max_k), alibi, o);
+                                       to_int("backward", "max_seqlen_k", max_k), alibi, o, heads_first);
         nb::object ws = attach_workspace(a, workspace);
         nb::gil_scoped_release release;
         tileattn::backward(a);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(),
-      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
+      "options"_a = Options(), "workspace"_a = nb::none(), "heads_first"_a = false,
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).\n"
+      "heads_first: q, k, v, out, dout, dq, dk and dv are [batch, heads, seqlen, d] (as forward's).");
 
   m.def(
       "backward_workspace_size",
