@@ -7,7 +7,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <optional>
@@ -35,20 +37,112 @@ void attach_workspace(Options& o, const OptOut& ws) {
   o.workspace_bytes = nbytes(ws->t);
 }
 
+// The scratch sizes of recent calls by everything a size can depend on: the views' shapes, strides,
+// dtypes and devices, the lengths and the options, never the data. A call like a recent one then
+// skips the size query, which validates every argument as the call itself does again (on a GPU with
+// a pointer query per tensor): a second validation per call, for a number that a training or
+// serving loop asks again and again. A size gone stale would cost no safety: every backend takes its
+// scratch itself when given less than it needs. Used under the GIL, like the rest of the argument
+// handling.
+template <class Args>
+class ScratchSizes {
+ public:
+  std::size_t operator()(const Args& a) {
+    key_.clear();
+    add(a);
+    for (const Entry& e : entries_)
+      if (e.key == key_) return e.bytes;
+    const std::size_t n = tileattn::workspace_size(a);
+    Entry& e = entries_[next_++ % entries_.size()];
+    e.key = key_;
+    e.bytes = n;
+    return n;
+  }
+
+ private:
+  struct Entry {
+    std::vector<std::int64_t> key;  // empty: unused (a key never is)
+    std::size_t bytes = 0;
+  };
+
+  void add(std::int64_t v) { key_.push_back(v); }
+  void add(float f) {
+    std::int32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    add(std::int64_t{bits});
+  }
+  void add(const TensorView& t) {
+    add(std::int64_t{t.ndim});
+    if (!t.present()) return;
+    add(static_cast<std::int64_t>(t.dtype));
+    add(static_cast<std::int64_t>(t.device.type) << 32 | t.device.index);
+    for (int d = 0; d < t.ndim && d < kMaxDims; ++d) {
+      add(t.shape[d]);
+      add(t.stride[d]);
+    }
+  }
+  void add(const Options& o) {
+    add(std::int64_t{o.scale.has_value()});
+    add(o.scale.value_or(0.f));
+    add(std::int64_t{o.causal} | std::int64_t{o.deterministic} << 1 | std::int64_t{o.check_device_indices} << 2 |
+        static_cast<std::int64_t>(o.align) << 8 | static_cast<std::int64_t>(o.backend) << 16);
+    add(std::int64_t{o.window_left});
+    add(std::int64_t{o.window_right});
+    add(std::int64_t{o.chunk_size});
+    add(std::int64_t{o.num_splits});
+    add(o.softcap);
+    add(o.dropout_p);
+  }
+  void add(const BlockMask& m) {
+    for (const TensorView* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices}) add(*t);
+    add(std::int64_t{m.block_q} << 32 | m.block_k);
+  }
+  void add(const ForwardArgs& a) {
+    for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.alibi_slopes,
+                                &a.document_ids_q, &a.document_ids_k})
+      add(*t);
+    add(std::int64_t{a.max_seqlen_q} << 32 | a.max_seqlen_k);
+    add(a.block_mask);
+    add(a.options);
+  }
+  void add(const BackwardArgs& a) {
+    for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.lse, &a.dq, &a.dk, &a.dv, &a.cu_seqlens_q,
+                                &a.cu_seqlens_k, &a.alibi_slopes, &a.document_ids_q, &a.document_ids_k})
+      add(*t);
+    add(std::int64_t{a.max_seqlen_q} << 32 | a.max_seqlen_k);
+    add(a.block_mask);
+    add(a.options);
+  }
+
+  std::vector<std::int64_t> key_;
+  std::array<Entry, 8> entries_;
+  std::size_t next_ = 0;
+};
+
 // workspace: None, an array, or a callable that allocates n bytes in the caller's library. The
 // callable saves a caller the second conversion of every argument that asking
 // *_workspace_size first costs: tens of microseconds per call, more than a short kernel takes.
+// size(a): the bytes the call needs; forward and backward look them up (ScratchSizes), decode asks
+// every call (its scratch follows the cache lengths, which may be device data).
 // Returns the object that keeps the scratch alive for the call.
-template <class Args>
-nb::object attach_workspace(Args& a, nb::object workspace) {
+template <class Args, class Size>
+nb::object attach_workspace(Args& a, nb::object workspace, Size&& size) {
   nb::object ws = workspace;
   if (PyCallable_Check(workspace.ptr())) {
-    const std::size_t n = tileattn::workspace_size(a);
+    const std::size_t n = size(a);
     ws = n > 0 ? workspace(n) : nb::none();
   }
   if (!ws.is_none()) attach_workspace(a.options, nb::cast<Output>(ws));
   return ws;
 }
+
+template <class Args>
+nb::object attach_workspace(Args& a, nb::object workspace) {
+  return attach_workspace(a, workspace, [](const Args& x) { return tileattn::workspace_size(x); });
+}
+
+ScratchSizes<ForwardArgs> forward_sizes;
+ScratchSizes<BackwardArgs> backward_sizes;
 
 // Lengths and windows cross as 64-bit integers and are range-checked here, so a value past int
 // gets an error naming it instead of nanobind's "incompatible function arguments".
@@ -206,7 +300,7 @@ void bind_calls(nb::module_& m) {
          const Options& o, nb::object workspace, bool heads_first) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, to_int("forward", "max_seqlen_q", max_q),
                                      to_int("forward", "max_seqlen_k", max_k), alibi, o, heads_first);
-        nb::object ws = attach_workspace(a, workspace);
+        nb::object ws = attach_workspace(a, workspace, forward_sizes);
         nb::gil_scoped_release release;
         tileattn::forward(a);
       },
@@ -239,7 +333,7 @@ void bind_calls(nb::module_& m) {
         BackwardArgs a = backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
                                        to_int("backward", "max_seqlen_q", max_q),
                                        to_int("backward", "max_seqlen_k", max_k), alibi, o, heads_first);
-        nb::object ws = attach_workspace(a, workspace);
+        nb::object ws = attach_workspace(a, workspace, backward_sizes);
         nb::gil_scoped_release release;
         tileattn::backward(a);
       },
