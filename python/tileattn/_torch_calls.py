@@ -2,10 +2,12 @@
 library, specialised to torch.Tensor.
 
 An eager call's host time is what small models and decode loops pay per layer, so this path keeps
-per-call Python to the minimum: outputs from torch.empty, a tileattn.Options built once per distinct
-set of option values (and CUDA stream) and reused, the GPU scratch allocated from inside the native
-call once it knows the size (no second conversion of the arguments for a size query), the stream
-read with PyTorch's raw accessor.
+per-call Python to the minimum: outputs from torch.empty_like, no LSE where nobody reads it, SDPA's
+[batch, heads, seq, d] tensors passed as they are (no transposed views), a tileattn.Options built
+once per distinct set of option values (and CUDA stream) and reused, the GPU scratch allocated from
+inside the native call once it knows the size (no second conversion of the arguments for a size
+query, and the size itself remembered for calls like recent ones), the stream read with PyTorch's
+raw accessor. bench/notes/overhead.md has the measurements.
 """
 
 import torch
