@@ -75,7 +75,8 @@ class ScratchSizes {
     add(std::int64_t{t.ndim});
     if (!t.present()) return;
     add(static_cast<std::int64_t>(t.dtype));
-    add(static_cast<std::int64_t>(t.device.type) << 32 | t.device.index);
+    add(static_cast<std::int64_t>(t.device.type));
+    add(std::int64_t{t.device.index});
     for (int d = 0; d < t.ndim && d < kMaxDims; ++d) {
       add(t.shape[d]);
       add(t.stride[d]);
@@ -95,13 +96,15 @@ class ScratchSizes {
   }
   void add(const BlockMask& m) {
     for (const TensorView* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices}) add(*t);
-    add(std::int64_t{m.block_q} << 32 | m.block_k);
+    add(std::int64_t{m.block_q});
+    add(std::int64_t{m.block_k});
   }
   void add(const ForwardArgs& a) {
     for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.alibi_slopes,
                                 &a.document_ids_q, &a.document_ids_k})
       add(*t);
-    add(std::int64_t{a.max_seqlen_q} << 32 | a.max_seqlen_k);
+    add(std::int64_t{a.max_seqlen_q});
+    add(std::int64_t{a.max_seqlen_k});
     add(a.block_mask);
     add(a.options);
   }
@@ -109,7 +112,8 @@ class ScratchSizes {
     for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.lse, &a.dq, &a.dk, &a.dv, &a.cu_seqlens_q,
                                 &a.cu_seqlens_k, &a.alibi_slopes, &a.document_ids_q, &a.document_ids_k})
       add(*t);
-    add(std::int64_t{a.max_seqlen_q} << 32 | a.max_seqlen_k);
+    add(std::int64_t{a.max_seqlen_q});
+    add(std::int64_t{a.max_seqlen_k});
     add(a.block_mask);
     add(a.options);
   }
