@@ -194,27 +194,43 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                   block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
                   num_splits, return_softmax_lse, check_device_indices):
     fn = "flash_attn_with_kvcache"
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _checks.array(fn, name, x)
+    # As in _attend, the common arguments (plain tensors, defaults) pass identity tests only: a
+    # decode step's host time is paid once per layer and token.
+    torch_call = _plain_torch(q, k_cache, v_cache)
+    if not torch_call:
+        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            _checks.array(fn, name, x)
+        torch_call = is_torch(q)
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                     ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
-        _checks.array(fn, name, x, optional=True)
-    window_left, window_right = _checks.window(fn, window_size, causal)
-    scale = _checks.scale(fn, softmax_scale)
-    softcap, causal = _checks.number(fn, "softcap", softcap), bool(causal)
-    num_splits = _checks.integer(fn, "num_splits", num_splits, 0)
+        if x is not None:
+            _checks.array(fn, name, x)
+    if window_size == (-1, -1):
+        window_left = window_right = -1
+    else:
+        window_left, window_right = _checks.window(fn, window_size, causal)
+    scale = None if softmax_scale is None else _checks.number(fn, "softmax_scale", softmax_scale)
+    if type(softcap) is not float:
+        softcap = _checks.number(fn, "softcap", softcap)
+    if causal is not True and causal is not False:
+        causal = bool(causal)
+    if type(num_splits) is not int or not 0 <= num_splits <= _checks.INT_MAX:
+        num_splits = _checks.integer(fn, "num_splits", num_splits, 0)
     if k is not None or v is not None:
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if getattr(getattr(cache, "flags", None), "writeable", True) is False:
                 raise _C.Error(f"tileattn.{fn}: {name} is read-only, but k/v are appended to it")
-    torch_call = is_torch(q)
     if not torch_call or q.stride(-1) != 1 or k is not None:
         q, k, v = (contiguous_last(x) for x in (q, k, v))
     if torch_call and q.is_cuda:
         # The GPU kernels load 16 bytes at a time: a query, new keys or values (small) whose strides
         # are not multiples of 8 elements are copied rather than refused.
-        q, k, v = (_aligned(x) for x in (q, k, v))
+        q = _aligned(q)
+        if k is not None:
+            k = _aligned(k)
+        if v is not None:
+            v = _aligned(v)
     batch = q.shape[0]
     if cache_seqlens is not None and not hasattr(cache_seqlens, "shape"):
         cache_seqlens = full_int32(q, (batch,), _checks.integer(fn, "cache_seqlens", cache_seqlens, 0))
@@ -276,7 +292,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             out, lse = (_ops or _torch_ops()).decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
                                          rotary_sin, bool(rotary_interleaved), alibi_slopes, scale, causal,
                                          window_left, window_right, softcap, num_splits, bool(check_device_indices),
-                                         _config.backend)
+                                         _config.backend, return_softmax_lse)
         else:
             out, lse = _functional.decode(
                 q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, page_table=page_table,
@@ -313,17 +329,14 @@ def _copy_into(dst, src):
         dst[...] = src
 
 
-def _tracing():
-    import torch  # only torch tensors reach _aligned
-    return torch.compiler.is_compiling()
-
-
 def _aligned(x):
-    if x is None:
-        return x
+    """x (a torch tensor), or a copy whose base and strides suit 16-byte loads."""
     # torch.compile traces no data_ptr(): there only the strides are checked, and a misaligned base
     # is left to the call's own check.
-    misaligned = not _tracing() and x.data_ptr() % 16
-    if misaligned or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
+    if not (_ops or _torch_ops())._is_compiling() and x.data_ptr() % 16:
         return x.contiguous() if not x.is_contiguous() else x.clone()
+    stride, shape = x.stride(), x.shape
+    for d in range(len(stride) - 1):
+        if stride[d] % 8 and shape[d] > 1:
+            return x.contiguous() if not x.is_contiguous() else x.clone()
     return x

@@ -97,11 +97,13 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend,
+           need_lse=True):
+    """(out, lse); need_lse False: lse is None, neither allocated nor written."""
     o = options(q, scale, causal, False, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                 num_splits, check_device_indices)
     out = empty_out(q, v_cache)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if q.ndim == 4 else None
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if need_lse and q.ndim == 4 else None
     _C.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
               rotary_interleaved, alibi_slopes, o, _scratch(q))
     if _log.enabled:

@@ -225,12 +225,15 @@ def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, 
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend,
+           need_lse=True):
+    """(out, lse); need_lse False: the caller discards lse, which an eager call then neither
+    allocates nor writes (None)."""
     if _eager(q, k_cache, v_cache, k_new, v_new):
         # The appended caches' version counters move as the op's declared mutation would move them.
         out, lse = _torch_calls.decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos,
                                        rotary_sin, rotary_interleaved, alibi_slopes, scale, causal, window_left,
-                                       window_right, softcap, num_splits, check_device_indices, backend)
+                                       window_right, softcap, num_splits, check_device_indices, backend, need_lse)
         if k_new is not None or v_new is not None:
             torch.autograd.graph.increment_version([k_cache, v_cache])
         return out, lse
