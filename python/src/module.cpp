@@ -148,6 +148,19 @@ nb::object attach_workspace(Args& a, nb::object workspace) {
 ScratchSizes<ForwardArgs> forward_sizes;
 ScratchSizes<BackwardArgs> backward_sizes;
 
+// Runs a native call, without the GIL where it may take long: a CPU call computes for as long as the
+// attention takes, and other Python threads run meanwhile; so does a call that synchronizes with the
+// GPU (a decode that reads device indices back). A CUDA call that only validates and launches keeps
+// it, as PyTorch's own operators do: releasing and retaking the GIL adds to its few microseconds of
+// host time, and a Python thread waiting for the GIL could take it in between and hold it for up to
+// a switch interval.
+template <class Call>
+void run_native(bool release_gil, Call&& call) {
+  if (!release_gil) return call();
+  nb::gil_scoped_release release;
+  call();
+}
+
 // Lengths and windows cross as 64-bit integers and are range-checked here, so a value past int
 // gets an error naming it instead of nanobind's "incompatible function arguments".
 int to_int(const char* fn, const char* name, std::int64_t v) {
@@ -305,8 +318,7 @@ void bind_calls(nb::module_& m) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, to_int("forward", "max_seqlen_q", max_q),
                                      to_int("forward", "max_seqlen_k", max_k), alibi, o, heads_first);
         nb::object ws = attach_workspace(a, workspace, forward_sizes);
-        nb::gil_scoped_release release;
-        tileattn::forward(a);
+        run_native(a.q.device.type == DeviceType::cpu, [&] { tileattn::forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
@@ -338,8 +350,7 @@ void bind_calls(nb::module_& m) {
                                        to_int("backward", "max_seqlen_q", max_q),
                                        to_int("backward", "max_seqlen_k", max_k), alibi, o, heads_first);
         nb::object ws = attach_workspace(a, workspace, backward_sizes);
-        nb::gil_scoped_release release;
-        tileattn::backward(a);
+        run_native(a.q.device.type == DeviceType::cpu, [&] { tileattn::backward(a); });
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
@@ -373,8 +384,7 @@ void bind_calls(nb::module_& m) {
             if (cache->read_only)
               throw Error(std::string("tileattn::decode: ") + name + " is read-only, but k_new/v_new are appended to it");
         nb::object ws = attach_workspace(a, workspace);
-        nb::gil_scoped_release release;
-        tileattn::decode(a);
+        run_native(a.q.device.type == DeviceType::cpu || o.check_device_indices, [&] { tileattn::decode(a); });
       },
       "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
       "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),
