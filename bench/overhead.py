@@ -7,11 +7,19 @@ drained every few calls outside it), and the record keeps the median of many cal
 forward call under no_grad; "fwd+bwd" a forward with inputs that require grad plus the backward's
 launch (out.backward(dout)).
 
-usage: overhead.py [--out FILE] [--device cuda|cpu] [--calls N] [--shape B,S,H,D]
+usage: overhead.py [--out FILE] [--device cuda|cpu] [--calls N] [--shape B,S,H,D] [--cache N] [--breakdown]
 Writes the DESIGN.md record (grid "overhead": impl, entry, pass, us) and prints tileattn / SDPA per
 entry point and pass (target <= 1.25). Problem: batch 1, 128 tokens, 8 heads, head dim 64, bf16 on a
-GPU (fp32 on the CPU, where the call's compute is included too: there, use it for comparisons
-between commits, not against the target).
+GPU; the decode row attends one query row to 4000 cached keys (--cache).
+
+On the CPU (fp32) the call's compute is timed too, and the host differs from a GPU machine's: the
+numbers are a proxy, for comparing commits, never against the target. A problem of a few tokens and
+a short cache keeps the compute small there:
+    python3 bench/overhead.py --device cpu --shape 1,8,1,8 --cache 64
+
+--breakdown adds rows that split tileattn's time: "tileattn-native", the native call alone on
+outputs allocated beforehand (argument conversion, validation, the launch or the CPU compute), and
+"torch-empty", one output allocation; the rest of an entry's time is its Python.
 """
 import argparse
 import datetime
@@ -59,6 +67,7 @@ def entries(device, dtype):
     q1 = t(B, 1, H, D)
     dout = t(B, S, H, D)
     dout_h = t(B, H, S, D)
+    dout_flat = t(B * S, H, D)  # made here: a view made in the timed call would be charged to tileattn
     return {
         # (entry, tileattn forward, SDPA forward, tileattn fwd+bwd, SDPA fwd+bwd); None = no backward
         "flash_attn_func": (lambda: tileattn.flash_attn_func(*bshd, causal=True),
@@ -68,7 +77,7 @@ def entries(device, dtype):
         "flash_attn_varlen_func": (
             lambda: tileattn.flash_attn_varlen_func(*flat, cu, cu, S, S, causal=True),
             lambda: F.scaled_dot_product_attention(*bhsd, is_causal=True),
-            lambda: tileattn.flash_attn_varlen_func(*flat_g, cu, cu, S, S, causal=True).backward(dout[0]),
+            lambda: tileattn.flash_attn_varlen_func(*flat_g, cu, cu, S, S, causal=True).backward(dout_flat),
             lambda: F.scaled_dot_product_attention(*bhsd_g, is_causal=True).backward(dout_h)),
         "scaled_dot_product_attention": (
             lambda: tileattn.scaled_dot_product_attention(*bhsd, is_causal=True),
@@ -84,6 +93,26 @@ def entries(device, dtype):
     }
 
 
+def native_calls(device, dtype):
+    """(impl, entry, pass, call) of the --breakdown rows: the native forward and backward of the
+    flash_attn_func problem on outputs allocated beforehand, with the scratch allocator the PyTorch
+    layer passes, and one output allocation."""
+    from tileattn import _C
+
+    def t(*shape):
+        return torch.randn(shape, device=device, dtype=dtype)
+    q, k, v, dout = (t(B, S, H, D) for _ in range(4))
+    out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    lse = torch.empty((B, H, S), device=device, dtype=torch.float32)
+    o = _C.Options(causal=True, stream=torch.cuda.current_stream().cuda_stream if device == "cuda" else 0)
+    scratch = (lambda n: q.new_empty(n, dtype=torch.uint8)) if device == "cuda" else None
+    _C.forward(q, k, v, out, lse, options=o, workspace=scratch)  # a real lse for the backward
+    return [("tileattn-native", "native", "fwd", lambda: _C.forward(q, k, v, out, lse, options=o, workspace=scratch)),
+            ("tileattn-native", "native", "bwd",
+             lambda: _C.backward(q, k, v, out, dout, lse, dq, dk, dv, options=o, workspace=scratch)),
+            ("torch-empty", "alloc", "fwd", lambda: torch.empty_like(q))]
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -92,15 +121,18 @@ def git_commit():
 
 
 def main():
+    global B, S, H, D, CACHE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="the JSON record to write")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--shape", help="batch,tokens,heads,head_dim (default 1,128,8,64)")
+    ap.add_argument("--cache", type=int, default=CACHE, help=f"the decode row's cached keys (default {CACHE})")
+    ap.add_argument("--breakdown", action="store_true", help="also time the native calls alone (see above)")
     a = ap.parse_args()
     if a.shape:
-        global B, S, H, D
         B, S, H, D = (int(x) for x in a.shape.split(","))
+    CACHE = a.cache
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     if a.device == "cpu":
         # One thread each: on a shared host a pool of several only adds noise to a host-time figure.
@@ -124,6 +156,14 @@ def main():
             rows.append(dict(base, impl="tileattn", **{"pass": pass_}, us=round(us_o, 2)))
             rows.append(dict(base, impl="torch-sdpa", **{"pass": pass_}, us=round(us_s, 2)))
             print(f"{entry:30} {pass_:8} {us_o:12.1f} {us_s:10.1f} {us_o / us_s:7.2f}")
+    if a.breakdown:
+        with torch.no_grad():
+            for impl, entry, pass_, fn in native_calls(a.device, dtype):
+                us = min(host_us(fn, a.calls // 2, a.device) for _ in range(2))
+                rows.append(dict(grid="overhead", entry=entry, dtype=str(dtype).replace("torch.", ""), batch=B,
+                                 seqlen_q=S, seqlen_k=S, heads_q=H, heads_kv=H, hdim=D, causal=True, impl=impl,
+                                 **{"pass": pass_}, us=round(us, 2)))
+                print(f"{impl + ' ' + entry:30} {pass_:8} {us:12.1f}")
     device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     record = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
               "torch": torch.__version__, "rows": rows}

@@ -7,9 +7,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 #include <string>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <hwy/targets.h>
@@ -33,19 +37,128 @@ void attach_workspace(Options& o, const OptOut& ws) {
   o.workspace_bytes = nbytes(ws->t);
 }
 
+// The scratch sizes of recent calls by everything a size can depend on: the views' shapes, strides,
+// dtypes and devices, the lengths and the options, never the data. A call like a recent one then
+// skips the size query, which validates every argument as the call itself does again (on a GPU with
+// a pointer query per tensor): a second validation per call, for a number that a training or
+// serving loop asks again and again. A size gone stale would cost no safety: every backend takes its
+// scratch itself when given less than it needs. Used under the GIL, like the rest of the argument
+// handling.
+template <class Args>
+class ScratchSizes {
+ public:
+  std::size_t operator()(const Args& a) {
+    key_.clear();
+    add(a);
+    for (const Entry& e : entries_)
+      if (e.key == key_) return e.bytes;
+    const std::size_t n = tileattn::workspace_size(a);
+    Entry& e = entries_[next_++ % entries_.size()];
+    e.key = key_;
+    e.bytes = n;
+    return n;
+  }
+
+ private:
+  struct Entry {
+    std::vector<std::int64_t> key;  // empty: unused (a key never is)
+    std::size_t bytes = 0;
+  };
+
+  void add(std::int64_t v) { key_.push_back(v); }
+  void add(float f) {
+    std::int32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    add(std::int64_t{bits});
+  }
+  void add(const TensorView& t) {
+    add(std::int64_t{t.ndim});
+    if (!t.present()) return;
+    add(static_cast<std::int64_t>(t.dtype));
+    add(static_cast<std::int64_t>(t.device.type));
+    add(std::int64_t{t.device.index});
+    for (int d = 0; d < t.ndim && d < kMaxDims; ++d) {
+      add(t.shape[d]);
+      add(t.stride[d]);
+    }
+  }
+  void add(const Options& o) {
+    add(std::int64_t{o.scale.has_value()});
+    add(o.scale.value_or(0.f));
+    add(std::int64_t{o.causal} | std::int64_t{o.deterministic} << 1 | std::int64_t{o.check_device_indices} << 2 |
+        static_cast<std::int64_t>(o.align) << 8 | static_cast<std::int64_t>(o.backend) << 16);
+    add(std::int64_t{o.window_left});
+    add(std::int64_t{o.window_right});
+    add(std::int64_t{o.chunk_size});
+    add(std::int64_t{o.num_splits});
+    add(o.softcap);
+    add(o.dropout_p);
+  }
+  void add(const BlockMask& m) {
+    for (const TensorView* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices}) add(*t);
+    add(std::int64_t{m.block_q});
+    add(std::int64_t{m.block_k});
+  }
+  void add(const ForwardArgs& a) {
+    for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, &a.alibi_slopes,
+                                &a.document_ids_q, &a.document_ids_k})
+      add(*t);
+    add(std::int64_t{a.max_seqlen_q});
+    add(std::int64_t{a.max_seqlen_k});
+    add(a.block_mask);
+    add(a.options);
+  }
+  void add(const BackwardArgs& a) {
+    for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.lse, &a.dq, &a.dk, &a.dv, &a.cu_seqlens_q,
+                                &a.cu_seqlens_k, &a.alibi_slopes, &a.document_ids_q, &a.document_ids_k})
+      add(*t);
+    add(std::int64_t{a.max_seqlen_q});
+    add(std::int64_t{a.max_seqlen_k});
+    add(a.block_mask);
+    add(a.options);
+  }
+
+  std::vector<std::int64_t> key_;
+  std::array<Entry, 8> entries_;
+  std::size_t next_ = 0;
+};
+
 // workspace: None, an array, or a callable that allocates n bytes in the caller's library. The
 // callable saves a caller the second conversion of every argument that asking
 // *_workspace_size first costs: tens of microseconds per call, more than a short kernel takes.
+// size(a): the bytes the call needs; forward and backward look them up (ScratchSizes), decode asks
+// every call (its scratch follows the cache lengths, which may be device data).
 // Returns the object that keeps the scratch alive for the call.
-template <class Args>
-nb::object attach_workspace(Args& a, nb::object workspace) {
+template <class Args, class Size>
+nb::object attach_workspace(Args& a, nb::object workspace, Size&& size) {
   nb::object ws = workspace;
   if (PyCallable_Check(workspace.ptr())) {
-    const std::size_t n = tileattn::workspace_size(a);
+    const std::size_t n = size(a);
     ws = n > 0 ? workspace(n) : nb::none();
   }
   if (!ws.is_none()) attach_workspace(a.options, nb::cast<Output>(ws));
   return ws;
+}
+
+template <class Args>
+nb::object attach_workspace(Args& a, nb::object workspace) {
+  return attach_workspace(a, workspace, [](const Args& x) { return tileattn::workspace_size(x); });
+}
+
+ScratchSizes<ForwardArgs> forward_sizes;
+ScratchSizes<BackwardArgs> backward_sizes;
+
+// Runs a native call, without the GIL where it may take long: a CPU call computes for as long as the
+// attention takes, and other Python threads run meanwhile; so does a call that synchronizes with the
+// GPU (a decode that reads device indices back). A CUDA call that only validates and launches keeps
+// it, as PyTorch's own operators do: releasing and retaking the GIL adds to its few microseconds of
+// host time, and a Python thread waiting for the GIL could take it in between and hold it for up to
+// a switch interval.
+template <class Call>
+void run_native(bool release_gil, Call&& call) {
+  if (!release_gil) return call();
+  nb::gil_scoped_release release;
+  call();
 }
 
 // Lengths and windows cross as 64-bit integers and are range-checked here, so a value past int
@@ -57,14 +170,26 @@ int to_int(const char* fn, const char* name, std::int64_t v) {
   return static_cast<int>(v);
 }
 
+// heads_first: the 4-D arrays are [batch, heads, seqlen, d] (PyTorch SDPA's layout) and cross as
+// their [batch, seqlen, heads, d] transposes, so that the caller makes no transposed views (about a
+// microsecond of host time each in PyTorch). Other ranks are left for the core to report.
+void heads_first_to_core(std::initializer_list<TensorView*> views) {
+  for (TensorView* t : views)
+    if (t->ndim == 4) {
+      std::swap(t->shape[1], t->shape[2]);
+      std::swap(t->stride[1], t->stride[2]);
+    }
+}
+
 ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,
                          const OptOut& lse, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
-                         const OptIn& alibi, const Options& o) {
+                         const OptIn& alibi, const Options& o, bool heads_first = false) {
   ForwardArgs a;
   a.q = to_view(fn, "q", q);
   a.k = to_view(fn, "k", k);
   a.v = to_view(fn, "v", v);
   a.out = to_view(fn, "out", out);
+  if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out});
   a.lse = to_view(fn, "lse", lse);
   a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
   a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
@@ -78,7 +203,7 @@ ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const I
 BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Input& out,
                            const Input& dout, const OptIn& lse, const Output& dq, const Output& dk,
                            const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
-                           const OptIn& alibi, const Options& o) {
+                           const OptIn& alibi, const Options& o, bool heads_first = false) {
   BackwardArgs a;
   a.q = to_view(fn, "q", q);
   a.k = to_view(fn, "k", k);
@@ -89,6 +214,7 @@ BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const
   a.dq = to_view(fn, "dq", dq);
   a.dk = to_view(fn, "dk", dk);
   a.dv = to_view(fn, "dv", dv);
+  if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv});
   a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
   a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
   a.max_seqlen_q = max_q;
@@ -189,17 +315,18 @@ void bind_calls(nb::module_& m) {
       "forward",
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse,
          const OptIn& cu_q, const OptIn& cu_k, std::int64_t max_q, std::int64_t max_k, const OptIn& alibi,
-         const Options& o, nb::object workspace) {
+         const Options& o, nb::object workspace, bool heads_first) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, to_int("forward", "max_seqlen_q", max_q),
-                                     to_int("forward", "max_seqlen_k", max_k), alibi, o);
-        nb::object ws = attach_workspace(a, workspace);
-        nb::gil_scoped_release release;
-        tileattn::forward(a);
+                                     to_int("forward", "max_seqlen_k", max_k), alibi, o, heads_first);
+        nb::object ws = attach_workspace(a, workspace, forward_sizes);
+        run_native(a.q.device.type == DeviceType::cpu, [&] { tileattn::forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(),
-      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
+      "options"_a = Options(), "workspace"_a = nb::none(), "heads_first"_a = false,
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).\n"
+      "heads_first: q, k, v and out are [batch, heads, seqlen, d] (PyTorch SDPA's layout) rather than "
+      "[batch, seqlen, heads, d]; lse is [batch, heads, seqlen] either way.");
 
   m.def(
       "forward_workspace_size",
@@ -218,18 +345,19 @@ void bind_calls(nb::module_& m) {
       "backward",
       [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k,
-         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o, nb::object workspace) {
+         std::int64_t max_q, std::int64_t max_k, const OptIn& alibi, const Options& o, nb::object workspace,
+         bool heads_first) {
         BackwardArgs a = backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
                                        to_int("backward", "max_seqlen_q", max_q),
-                                       to_int("backward", "max_seqlen_k", max_k), alibi, o);
-        nb::object ws = attach_workspace(a, workspace);
-        nb::gil_scoped_release release;
-        tileattn::backward(a);
+                                       to_int("backward", "max_seqlen_k", max_k), alibi, o, heads_first);
+        nb::object ws = attach_workspace(a, workspace, backward_sizes);
+        run_native(a.q.device.type == DeviceType::cpu, [&] { tileattn::backward(a); });
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
-      "options"_a = Options(), "workspace"_a = nb::none(),
-      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).");
+      "options"_a = Options(), "workspace"_a = nb::none(), "heads_first"_a = false,
+      "workspace: None, a byte array, or a callable n -> byte array of n bytes (called only when n > 0).\n"
+      "heads_first: q, k, v, out, dout, dq, dk and dv are [batch, heads, seqlen, d] (as forward's).");
 
   m.def(
       "backward_workspace_size",
@@ -257,8 +385,7 @@ void bind_calls(nb::module_& m) {
             if (cache->read_only)
               throw Error(std::string("tileattn::decode: ") + name + " is read-only, but k_new/v_new are appended to it");
         nb::object ws = attach_workspace(a, workspace);
-        nb::gil_scoped_release release;
-        tileattn::decode(a);
+        run_native(a.q.device.type == DeviceType::cpu || o.check_device_indices, [&] { tileattn::decode(a); });
       },
       "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = nb::none(), "page_table"_a = nb::none(),
       "cache_seqlens"_a = nb::none(), "k_new"_a = nb::none(), "v_new"_a = nb::none(),

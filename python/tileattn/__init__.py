@@ -32,7 +32,7 @@ __version__ = _C.__version__
 # already loaded, and otherwise at the first call with a tensor (importing torch here would slow every
 # NumPy user's import).
 if "torch" in sys.modules:
-    from . import _torch_ops  # noqa: F401
+    _flash_api._torch_ops()
 
 __all__ = [
     "Backend", "Error", "MaskAlign", "MemoryStats", "Options", "backward", "build_info", "combine", "decode",

@@ -23,7 +23,10 @@ def _plain_torch(q, k, v):
 
 
 def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-            causal, window_size, softcap, alibi_slopes, deterministic, top_left=False, heads_first=False):
+            causal, window_size, softcap, alibi_slopes, deterministic, top_left=False, heads_first=False,
+            need_lse=True):
+    """(out, lse). heads_first (PyTorch tensors only): q, k, v and out are [batch, heads, seq, d].
+    need_lse False: the caller discards lse, which may then be None."""
     # The common case (plain tensors, default window, int lengths) is checked with a few identity
     # tests: this is the per-call host time that small models and decode loops pay.
     torch_call = _plain_torch(q, k, v)
@@ -43,9 +46,13 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         softcap = _checks.number(fn, "softcap", softcap)
     if type(dropout_p) is not float:
         dropout_p = _checks.number(fn, "dropout_p", dropout_p)
-    causal, deterministic = causal is True or bool(causal), deterministic is True or bool(deterministic)
+    if causal is not True and causal is not False:
+        causal = bool(causal)
+    if deterministic is not False and deterministic is not True:
+        deterministic = bool(deterministic)
     dv = v.shape[-1]
-    if q.shape[-1] % 8 or dv % 8:
+    padded = q.shape[-1] % 8 or dv % 8
+    if padded:
         q, k, v, real_dim = _adapt.pad_heads(fn, q, k, v)
         if scale is None:
             scale = real_dim ** -0.5
@@ -57,9 +64,9 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             k = contiguous_last(k)
         if v.stride(-1) != 1:
             v = contiguous_last(v)
-        out, lse = _torch_ops().attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                       scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-                                       deterministic, _config.backend, heads_first)
+        out, lse = (_ops or _torch_ops()).attend(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal, top_left,
+            window_left, window_right, softcap, dropout_p, deterministic, _config.backend, heads_first, need_lse)
     else:
         q, k, v = contiguous_last(q), contiguous_last(k), contiguous_last(v)
         seed = int(np.random.randint(0, 2**62, dtype=np.int64)) if dropout_p > 0 else 0
@@ -68,14 +75,19 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, scale=scale, causal=causal,
             top_left=top_left, window_left=window_left, window_right=window_right, softcap=softcap,
             dropout_p=dropout_p, seed=seed, backend=_config.backend)
-    if out.shape[-1] != dv:
+    if padded and out.shape[-1] != dv:
         out = out[..., :dv]
     return out, lse
 
 
+_ops = None  # tileattn._torch_ops once imported
+
+
 def _torch_ops():
     """tileattn._torch_ops, imported at the first PyTorch call (importing torch slows NumPy users)."""
+    global _ops
     from . import _torch_ops as ops
+    _ops = ops
     return ops
 
 
@@ -90,7 +102,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     causal and window_size align to the bottom-right corner; nheads % nheads_k == 0 (GQA/MQA);
     alibi_slopes (nheads,) or (batch, nheads) fp32 add -slope * |i + seqlen_k - seqlen_q - j|."""
     out, lse = _attend("flash_attn_func", q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
-                       softcap, alibi_slopes, deterministic)
+                       softcap, alibi_slopes, deterministic, need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -99,7 +111,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """qkv (batch, seqlen, 3, nheads, d); otherwise as flash_attn_func."""
     _checks.array("flash_attn_qkvpacked_func", "qkv", qkv)
     out, lse = _attend("flash_attn_qkvpacked_func", qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
-                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                       need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -108,7 +121,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """q (batch, seqlen_q, nheads, d), kv (batch, seqlen_k, 2, nheads_k, d); as flash_attn_func."""
     _checks.array("flash_attn_kvpacked_func", "kv", kv)
     out, lse = _attend("flash_attn_kvpacked_func", q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
-                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                       need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -127,7 +141,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         k = _adapt.gather_pages(fn, k, block_table, cu_seqlens_k)
         v = _adapt.gather_pages(fn, v, block_table, cu_seqlens_k)
     out, lse = _attend("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                       need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -138,7 +153,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     _checks.array("flash_attn_varlen_qkvpacked_func", "qkv", qkv)
     out, lse = _attend("flash_attn_varlen_qkvpacked_func", qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                        max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                       deterministic)
+                       deterministic, need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -149,7 +164,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     _checks.array("flash_attn_varlen_kvpacked_func", "kv", kv)
     out, lse = _attend("flash_attn_varlen_kvpacked_func", q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, deterministic)
+                       alibi_slopes, deterministic, need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -179,27 +194,43 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                   block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
                   num_splits, return_softmax_lse, check_device_indices):
     fn = "flash_attn_with_kvcache"
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _checks.array(fn, name, x)
+    # As in _attend, the common arguments (plain tensors, defaults) pass identity tests only: a
+    # decode step's host time is paid once per layer and token.
+    torch_call = _plain_torch(q, k_cache, v_cache)
+    if not torch_call:
+        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            _checks.array(fn, name, x)
+        torch_call = is_torch(q)
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                     ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
-        _checks.array(fn, name, x, optional=True)
-    window_left, window_right = _checks.window(fn, window_size, causal)
-    scale = _checks.scale(fn, softmax_scale)
-    softcap, causal = _checks.number(fn, "softcap", softcap), bool(causal)
-    num_splits = _checks.integer(fn, "num_splits", num_splits, 0)
+        if x is not None:
+            _checks.array(fn, name, x)
+    if window_size == (-1, -1):
+        window_left = window_right = -1
+    else:
+        window_left, window_right = _checks.window(fn, window_size, causal)
+    scale = None if softmax_scale is None else _checks.number(fn, "softmax_scale", softmax_scale)
+    if type(softcap) is not float:
+        softcap = _checks.number(fn, "softcap", softcap)
+    if causal is not True and causal is not False:
+        causal = bool(causal)
+    if type(num_splits) is not int or not 0 <= num_splits <= _checks.INT_MAX:
+        num_splits = _checks.integer(fn, "num_splits", num_splits, 0)
     if k is not None or v is not None:
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if getattr(getattr(cache, "flags", None), "writeable", True) is False:
                 raise _C.Error(f"tileattn.{fn}: {name} is read-only, but k/v are appended to it")
-    torch_call = is_torch(q)
     if not torch_call or q.stride(-1) != 1 or k is not None:
         q, k, v = (contiguous_last(x) for x in (q, k, v))
     if torch_call and q.is_cuda:
         # The GPU kernels load 16 bytes at a time: a query, new keys or values (small) whose strides
         # are not multiples of 8 elements are copied rather than refused.
-        q, k, v = (_aligned(x) for x in (q, k, v))
+        q = _aligned(q)
+        if k is not None:
+            k = _aligned(k)
+        if v is not None:
+            v = _aligned(v)
     batch = q.shape[0]
     if cache_seqlens is not None and not hasattr(cache_seqlens, "shape"):
         cache_seqlens = full_int32(q, (batch,), _checks.integer(fn, "cache_seqlens", cache_seqlens, 0))
@@ -258,10 +289,10 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     try:
         if torch_call:
-            out, lse = _torch_ops().decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
+            out, lse = (_ops or _torch_ops()).decode(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
                                          rotary_sin, bool(rotary_interleaved), alibi_slopes, scale, causal,
                                          window_left, window_right, softcap, num_splits, bool(check_device_indices),
-                                         _config.backend)
+                                         _config.backend, return_softmax_lse)
         else:
             out, lse = _functional.decode(
                 q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, page_table=page_table,
@@ -298,17 +329,14 @@ def _copy_into(dst, src):
         dst[...] = src
 
 
-def _tracing():
-    import torch  # only torch tensors reach _aligned
-    return torch.compiler.is_compiling()
-
-
 def _aligned(x):
-    if x is None:
-        return x
+    """x (a torch tensor), or a copy whose base and strides suit 16-byte loads."""
     # torch.compile traces no data_ptr(): there only the strides are checked, and a misaligned base
     # is left to the call's own check.
-    misaligned = not _tracing() and x.data_ptr() % 16
-    if misaligned or any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1):
+    if not (_ops or _torch_ops())._is_compiling() and x.data_ptr() % 16:
         return x.contiguous() if not x.is_contiguous() else x.clone()
+    stride, shape = x.stride(), x.shape
+    for d in range(len(stride) - 1):
+        if stride[d] % 8 and shape[d] > 1:
+            return x.contiguous() if not x.is_contiguous() else x.clone()
     return x

@@ -1,8 +1,10 @@
 """torch.nn.functional.scaled_dot_product_attention's signature on tileattn.
 
-Tensors are [..., heads, seq, dim] with any number of leading batch dimensions (none included). They
-reach the core as [batch, seq, heads, dim] strided views (a transpose, never a copy), and the kernel
-writes the output straight into [..., heads, seq, dim] memory, so the result is contiguous as SDPA's is.
+Tensors are [..., heads, seq, dim] with any number of leading batch dimensions (none included).
+PyTorch tensors reach the native call as they are, with its heads_first flag (the core reads them as
+[batch, seq, heads, dim] strided views, never a copy, and no transposed view is made here), and the
+kernel writes the output straight into [..., heads, seq, dim] memory, so the result is contiguous as
+SDPA's is. NumPy and CuPy arrays cross as transposed views.
 
 attn_mask, boolean (True = attend) or additive (float), broadcast as SDPA broadcasts it: a mask that
 is the same for every head and every query row is a key-padding mask, and runs exactly as a
@@ -18,12 +20,6 @@ from ._flash_api import _attend, _plain_torch
 _FN = "scaled_dot_product_attention"
 
 
-def _swap_heads_seq(x):
-    if is_torch(x):
-        return x.transpose(-3, -2)
-    return x.swapaxes(-3, -2)
-
-
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """query [..., heads_q, seq_q, d], key/value [..., heads_kv, seq_k, d] -> [..., heads_q, seq_q, d_v],
@@ -32,9 +28,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is None and _plain_torch(query, key, value) and query.ndim == 4 and key.ndim == 4 and \
             value.ndim == 4 and (enable_gqa or key.shape[1] == query.shape[1]):
         # The common call, with no more checks than the core's.
-        out, _ = _attend(_FN, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, 0, 0,
-                         dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, heads_first=True)
-        return out.transpose(1, 2)
+        return _attend(_FN, query, key, value, None, None, 0, 0, dropout_p, scale, is_causal, (-1, -1), 0.0, None,
+                       False, top_left=True, heads_first=True, need_lse=False)[0]
     for name, x in (("query", query), ("key", key), ("value", value)):
         _checks.array(_FN, name, x)
         if x.ndim < 3:
@@ -58,9 +53,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if is_causal:
             raise ValueError(f"tileattn.{_FN}: attn_mask and is_causal are both set; pass one (as SDPA requires)")
         return _key_padding(query, key, value, attn_mask, dropout_p, scale)
-    out, _ = _attend(_FN, _swap_heads_seq(query), _swap_heads_seq(key), _swap_heads_seq(value), None, None, 0, 0,
-                     dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, heads_first=True)
-    return _swap_heads_seq(out)
+    if is_torch(query):
+        return _attend(_FN, query, key, value, None, None, 0, 0, dropout_p, scale, is_causal, (-1, -1), 0.0, None,
+                       False, top_left=True, heads_first=True, need_lse=False)[0]
+    out, _ = _attend(_FN, query.swapaxes(1, 2), key.swapaxes(1, 2), value.swapaxes(1, 2), None, None, 0, 0,
+                     dropout_p, scale, is_causal, (-1, -1), 0.0, None, False, top_left=True, need_lse=False)
+    return out.swapaxes(1, 2)
 
 
 def _batched_mask(mask, lead, query, key):

@@ -2,10 +2,12 @@
 library, specialised to torch.Tensor.
 
 An eager call's host time is what small models and decode loops pay per layer, so this path keeps
-per-call Python to the minimum: outputs from torch.empty, a tileattn.Options built once per distinct
-set of option values (and CUDA stream) and reused, the GPU scratch allocated from inside the native
-call once it knows the size (no second conversion of the arguments for a size query), the stream
-read with PyTorch's raw accessor.
+per-call Python to the minimum: outputs from torch.empty_like, no LSE where nobody reads it, SDPA's
+[batch, heads, seq, d] tensors passed as they are (no transposed views), a tileattn.Options built
+once per distinct set of option values (and CUDA stream) and reused, the GPU scratch allocated from
+inside the native call once it knows the size (no second conversion of the arguments for a size
+query, and the size itself remembered for calls like recent ones), the stream read with PyTorch's
+raw accessor. bench/notes/overhead.md has the measurements.
 """
 
 import torch
@@ -13,7 +15,7 @@ import torch
 from . import _C, _log
 from ._functional import _BACKENDS
 _BOTTOM_RIGHT, _TOP_LEFT = _C.MaskAlign.bottom_right, _C.MaskAlign.top_left
-_U8, _F32 = torch.uint8, torch.float32
+_U8, _F32, _CONTIGUOUS = torch.uint8, torch.float32, torch.contiguous_format
 
 # Options objects by their values. Immutable once cached: a call that needs a per-call value (a
 # dropout seed) builds its own, so threads sharing an entry never see each other's values.
@@ -59,40 +61,49 @@ def _scratch(like):
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
             top_left, window_left, window_right, softcap, dropout_p, seed, deterministic, backend,
-            heads_first=False):
-    """(out, lse). heads_first: out is a [batch, seq, heads, d] view of [batch, heads, seq, d] memory
-    (what scaled_dot_product_attention returns), written in place by the kernel: no copy."""
+            heads_first=False, need_lse=True):
+    """(out, lse). heads_first: q, k, v and out are [batch, heads, seq, d] (what
+    scaled_dot_product_attention takes and returns), read as such by the native call: no views.
+    need_lse False: lse is None, and none is allocated or written (a forward that nothing
+    differentiates and whose caller discards the LSE)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
                 deterministic, backend)
-    out = empty_out(q, v, heads_first)
+    out = empty_out(q, v)
     varlen = cu_seqlens_q is not None
-    shape = lse_shape(q, varlen)
-    lse = q.new_empty(shape, dtype=_F32) if shape is not None else None
+    lse = None
+    if need_lse:
+        shape = lse_shape(q, varlen, heads_first)
+        if shape is not None:
+            lse = q.new_empty(shape, dtype=_F32)
     _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, o,
-               _scratch(q))
+               _scratch(q), heads_first)
     if _log.enabled:
         _log.call("forward", q, k, varlen, o)
     return out, lse
 
 
 def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale,
-             causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset, deterministic, backend):
+             causal, top_left, window_left, window_right, softcap, dropout_p, seed, deterministic, backend,
+             heads_first=False, offset=0):
+    """(dq, dk, dv); the arguments after lse in forward's order (heads_first as there)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
                 deterministic, backend)
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = _empty(q), _empty(k), _empty(v)
     _C.backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                alibi_slopes, o, _scratch(q))
+                alibi_slopes, o, _scratch(q), heads_first)
     if _log.enabled:
         _log.call("backward", q, k, cu_seqlens_q is not None, o)
     return dq, dk, dv
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend,
+           need_lse=True):
+    """(out, lse); need_lse False: lse is None, neither allocated nor written."""
     o = options(q, scale, causal, False, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                 num_splits, check_device_indices)
-    out = empty_out(q, v_cache, False)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if q.ndim == 4 else None
+    out = empty_out(q, v_cache)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_F32) if need_lse and q.ndim == 4 else None
     _C.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
               rotary_interleaved, alibi_slopes, o, _scratch(q))
     if _log.enabled:
@@ -100,16 +111,24 @@ def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_
     return out, lse
 
 
-def empty_out(q, v, heads_first):
-    shape = q.shape[:-1] + v.shape[-1:]
-    if heads_first and q.ndim == 4:
-        b, s, h, d = shape
-        return q.new_empty((b, h, s, d)).transpose(1, 2)
-    return q.new_empty(shape)
+def _empty(x):
+    # A contiguous tensor shaped like x. empty_like takes no shape to parse: it is the cheapest
+    # allocation PyTorch's Python API has. Contiguous whatever x's strides, as the fake rules say.
+    return torch.empty_like(x, memory_format=_CONTIGUOUS)
 
 
-def lse_shape(q, varlen):
+def empty_out(q, v):
+    """The output: shaped like q with v's head dim, contiguous."""
+    d = v.shape[-1]
+    if q.shape[-1] == d:
+        return _empty(q)
+    return q.new_empty(q.shape[:-1] + (d,))
+
+
+def lse_shape(q, varlen, heads_first=False):
     """The log-sum-exp's shape, or None where q's rank is wrong (the core then names q)."""
     if varlen:
         return (q.shape[1], q.shape[0]) if q.ndim == 3 else None
-    return (q.shape[0], q.shape[2], q.shape[1]) if q.ndim == 4 else None
+    if q.ndim != 4:
+        return None
+    return (q.shape[0], q.shape[1], q.shape[2]) if heads_first else (q.shape[0], q.shape[2], q.shape[1])

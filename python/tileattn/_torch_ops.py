@@ -31,7 +31,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
         top_left: bool, window_left: int, window_right: int, softcap: float, dropout_p: float,
         deterministic: bool, backend: str, heads_first: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """Returns (out, lse, rng_state): rng_state int64 [seed, offset] on the CPU for the backward.
-    heads_first: out is a [batch, seq, heads, d] view of [batch, heads, seq, d] memory."""
+    heads_first: q, k, v and out are [batch, heads, seq, d] (SDPA's layout), lse [batch, heads, seq]."""
     seed = _seed(dropout_p)
     out, lse = _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                     scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
@@ -42,8 +42,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
 @fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal, top_left,
       window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first=False):
-    out = _torch_calls.empty_out(q, v, heads_first)
-    lse = q.new_empty(_torch_calls.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    out = _torch_calls.empty_out(q, v)
+    lse = q.new_empty(_torch_calls.lse_shape(q, cu_seqlens_q is not None, heads_first), dtype=torch.float32)
     return out, lse, torch.empty(2, dtype=torch.int64)
 
 
@@ -52,16 +52,17 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
         alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
         window_right: int, softcap: float, dropout_p: float, deterministic: bool,
-        backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+        backend: str, heads_first: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     seed, offset = (int(x) for x in rng_state.tolist())
     return _torch_calls.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  alibi_slopes, scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-                                 seed, offset, deterministic, backend)
+                                 seed, deterministic, backend, heads_first, offset)
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-      scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend):
+      scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend,
+      heads_first=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -70,7 +71,7 @@ def _fwd_setup(ctx, inputs, output):
     out, lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.lengths = (max_seqlen_q, max_seqlen_k)
-    ctx.params = params[:-1]  # heads_first is the forward's alone
+    ctx.params = params  # bwd takes the same ones, heads_first included
     ctx.mark_non_differentiable(lse, rng_state)
 
 
@@ -87,50 +88,58 @@ torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_f
 
 
 class _Attention(torch.autograd.Function):
-    """The eager twin of fwd + its autograd: the same calls without the op dispatcher."""
+    """The eager twin of fwd + its autograd: the same calls without the op dispatcher. args: the
+    arguments of _torch_calls.forward after v, through heads_first (the index tensors and
+    alibi_slopes among them, which nothing differentiates: held by the context, not saved)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, params, seed,
-                heads_first):
-        out, lse = _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                        alibi_slopes, *params[:-2], seed, *params[-2:], heads_first)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-        ctx.lengths = (max_seqlen_q, max_seqlen_k)
-        ctx.params, ctx.seed = params, seed
+    def forward(ctx, q, k, v, args):
+        out, lse = _torch_calls.forward(q, k, v, *args)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = args
+        # The LSE's gradient is never used: None rather than a tensor of zeros made per backward.
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        p = ctx.params
-        dq, dk, dv = _torch_calls.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.lengths,
-                                           alibi_slopes, *p[:-2], ctx.seed, 0, *p[-2:])
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        dq, dk, dv = _torch_calls.backward(dout, q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None
+
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def _eager(*tensors):
     """Whether a call can skip the op dispatcher: plain tensors (no subclass, no fake tensor), eager."""
     for t in tensors:
-        if t is not None and type(t) is not torch.Tensor:
+        if t is not None and type(t) is not _Tensor:
             return False
-    return not torch.compiler.is_compiling()
+    return not _is_compiling()
 
 
 def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal, top_left,
-           window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first=False):
-    """(out, lse) of the forward, differentiable in q, k and v."""
-    if _eager(q, k, v, cu_seqlens_q, alibi_slopes):
-        params = (scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend)
-        seed = _seed(dropout_p)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                    params, seed, heads_first)
+           window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first=False, need_lse=True):
+    """(out, lse) of the forward, differentiable in q, k and v. heads_first: see fwd. need_lse False:
+    the caller discards lse, which a call that nothing differentiates then neither allocates nor
+    writes (lse is None)."""
+    if type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and \
+            (cu_seqlens_q is None or type(cu_seqlens_q) is _Tensor) and \
+            (alibi_slopes is None or type(alibi_slopes) is _Tensor) and not _is_compiling():
+        seed = _seed(dropout_p) if dropout_p else 0
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
+            return _Attention.apply(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                                              scale, causal, top_left, window_left, window_right, softcap, dropout_p,
+                                              seed, deterministic, backend, heads_first))
         return _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                     scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-                                    deterministic, backend, heads_first)
+                                    deterministic, backend, heads_first, need_lse)
     out, lse, _ = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
                       top_left, window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first)
     return out, lse
@@ -219,12 +228,15 @@ def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, 
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,
-           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend):
+           alibi_slopes, scale, causal, window_left, window_right, softcap, num_splits, check_device_indices, backend,
+           need_lse=True):
+    """(out, lse); need_lse False: the caller discards lse, which an eager call then neither
+    allocates nor writes (None)."""
     if _eager(q, k_cache, v_cache, k_new, v_new):
         # The appended caches' version counters move as the op's declared mutation would move them.
         out, lse = _torch_calls.decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos,
                                        rotary_sin, rotary_interleaved, alibi_slopes, scale, causal, window_left,
-                                       window_right, softcap, num_splits, check_device_indices, backend)
+                                       window_right, softcap, num_splits, check_device_indices, backend, need_lse)
         if k_new is not None or v_new is not None:
             torch.autograd.graph.increment_version([k_cache, v_cache])
         return out, lse

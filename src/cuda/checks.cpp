@@ -16,17 +16,22 @@
 namespace tileattn::cuda {
 namespace {
 
+// Both checks run on every tensor of every call: the message (a stream, whose construction costs
+// about as much as the pointer query) is built only for a tensor that fails.
 std::string where_is(const char* name, const TensorView& t) {
   if (!t.present() || t.numel() == 0) return {};
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, t.data);
+  if (e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
+      attr.device == t.device.index)
+    return {};
   std::ostringstream os;
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error this query leaves
     os << name << ": cannot query its pointer " << t.data << " (" << cudaGetErrorString(e) << ")";
   } else if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
     os << name << " = " << t.data << " is a host pointer but " << name << ".device is cuda:" << t.device.index;
-  } else if (attr.device != t.device.index) {
+  } else {
     os << name << " = " << t.data << " is on cuda:" << attr.device << " but " << name << ".device is cuda:"
        << t.device.index;
   }
@@ -36,14 +41,15 @@ std::string where_is(const char* name, const TensorView& t) {
 // The tile loads and stores move 8 elements (16 bytes) at a time.
 std::string vector_aligned(const char* name, const TensorView& t) {
   if (!t.present() || t.numel() == 0) return {};
-  std::ostringstream os;
   const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
   if (addr % 16 != 0) {
+    std::ostringstream os;
     os << name << " = " << t.data << " is not 16-byte aligned (the cuda backend loads 16 bytes at a time)";
     return os.str();
   }
   for (int d = 0; d + 1 < t.ndim; ++d)
     if (t.shape[d] > 1 && t.stride[d] % 8 != 0) {
+      std::ostringstream os;
       os << name << ".stride[" << d << "] = " << t.stride[d]
          << " is not a multiple of 8 elements (the cuda backend loads 16 bytes at a time)";
       return os.str();

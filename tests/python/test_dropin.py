@@ -229,6 +229,27 @@ def test_sdpa_leading_dims(gen, lead):
     check_close(out, _sdpa_math(q.double(), k.double(), v.double(), is_causal=True), F32)
 
 
+def test_sdpa_grouped_gradients_and_layouts(gen):
+    """The [batch, heads, seq, d] tensors cross as they are (no transposed views): grouped heads,
+    causal, a head dim padded to 16, and inputs contiguous or transposes of [batch, seq, heads, d]
+    memory; the output contiguous and the gradients shaped like the inputs."""
+    b, hq, hk, sq, sk, d = 2, 4, 2, 9, 13, 12
+    for bshd in (False, True):
+        def make(h, s):
+            x = randn(gen, (b, s, h, d) if bshd else (b, h, s, d), F32, "cpu")
+            return (x.transpose(1, 2) if bshd else x).requires_grad_()
+        q, k, v = make(hq, sq), make(hk, sk), make(hk, sk)
+        out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)
+        ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        want = _sdpa_math(*ins, is_causal=True, enable_gqa=True)
+        check_close(out, want, F32)
+        dout = randn(gen, out.shape, F32, "cpu")
+        got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
+        for g, x, w in zip(got, (q, k, v), torch.autograd.grad(want, ins, dout.double())):
+            assert g.shape == x.shape
+            check_close(g, w, F32)
+
+
 def _opcheck_inputs(gen):
     q, k, v = (randn(gen, (1, 5, 2, 16), F32, "cpu", requires_grad=True) for _ in range(3))
     return q, k, v
@@ -238,13 +259,15 @@ def test_opcheck_fwd_bwd_decode(gen):
     q, k, v = _opcheck_inputs(gen)
     b = backend_for("cpu", "forward")
     for heads_first in (False, True):
-        torch.library.opcheck(_torch_ops.fwd, (q, k, v, None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0,
-                                               False, b, heads_first))
-    out, lse, rng = _torch_ops.fwd(q, k, v, None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0, False, b)
-    dout = torch.randn(out.shape, generator=gen)
-    torch.library.opcheck(_torch_ops.bwd, (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, rng, None,
-                                           None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0, False,
-                                           backend_for("cpu", "backward")))
+        # heads_first: the [batch, heads, seq, d] tensors of SDPA's layout.
+        qh, kh, vh = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)) if heads_first \
+            else (q, k, v)
+        args = (None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0, False)
+        torch.library.opcheck(_torch_ops.fwd, (qh, kh, vh) + args + (b, heads_first))
+        out, lse, rng = _torch_ops.fwd(qh, kh, vh, *args, b, heads_first)
+        dout = torch.randn(out.shape, generator=gen)
+        torch.library.opcheck(_torch_ops.bwd, (dout, qh.detach(), kh.detach(), vh.detach(), out.detach(), lse, rng)
+                              + args + (backend_for("cpu", "backward"), heads_first))
     k_cache, v_cache = (torch.randn((1, 8, 2, 16), generator=gen) for _ in range(2))
     lens = torch.tensor([3], dtype=torch.int32)
     torch.library.opcheck(_torch_ops.decode_op, (q.detach()[:, :1], k_cache, v_cache, k.detach()[:, :1],

@@ -325,6 +325,31 @@ def test_combine_merges_key_splits(rng):
     assert half.dtype == np.float16
 
 
+def test_scratch_callable_gets_the_reported_size(rng):
+    """A workspace callable is asked for what *_workspace_size reports, call after call (the native
+    module keeps recent sizes rather than query them each time) and after the arguments change."""
+    asked = []
+
+    def scratch(n):
+        asked.append(n)
+        return np.empty(n, np.uint8)
+    for s, causal in ((16, True), (16, True), (40, True), (40, False), (16, True)):
+        q, k, v, dout = (randn(rng, (1, s, 2, 16)) for _ in range(4))
+        out, lse = np.empty_like(q), np.empty((1, 2, s), np.float32)
+        dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+        opts = tileattn.Options(backend=tileattn.Backend.cpu_flash, causal=causal)
+        for want, call in ((tileattn._C.forward_workspace_size(q, k, v, out, lse, options=opts),
+                            lambda: tileattn._C.forward(q, k, v, out, lse, options=opts, workspace=scratch)),
+                           (tileattn._C.backward_workspace_size(q, k, v, out, dout, lse, dq, dk, dv, options=opts),
+                            lambda: tileattn._C.backward(q, k, v, out, dout, lse, dq, dk, dv, options=opts,
+                                                         workspace=scratch))):
+            asked.clear()
+            call()
+            assert asked == ([want] if want > 0 else [])
+        ref_out, _ = attention(q, k, v, causal=causal)
+        assert_f32_close(out, ref_out)
+
+
 def test_workspace_sizes_and_runtime():
     q = np.zeros((1, 4, 2, 16), np.float32)
     out = np.empty_like(q)

@@ -341,6 +341,9 @@ def test_fake_tensors_give_shapes_without_running():
         assert out.shape == (8, 4, 64)
         out, lse = tileattn.flash_attn_with_kvcache(q[:, :1], k, k, return_softmax_lse=True)
         assert out.shape == (2, 1, 4, 64) and lse.shape == (2, 4, 1)
+        out = tileattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2),
+                                                    enable_gqa=True)
+        assert out.shape == (2, 4, 8, 64) and out.is_contiguous()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
