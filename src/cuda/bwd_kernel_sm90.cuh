@@ -10,7 +10,6 @@
 //   dS^T through shared memory (the warpgroups split dQ's head dim). The one point where the
 //   consumers meet per tile is dS^T (and P^T where split) being complete; those buffers, the
 //   stages and the dQ staging alternate between two, so no warpgroup waits for another to finish.
-// Beyond head dim 128 the deterministic mode has the consumers take the turns and add by atomics.
 // Up to head dim 128 each consumer warpgroup owns 64 keys and multiplies P^T and dS^T straight
 // from its registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so the
 // warpgroups share 64 keys: they split S^T's query columns and dK's, dV's head dim, exchange P^T
@@ -110,7 +109,7 @@ struct BwdTraitsSm90 {
   // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
   static constexpr int kSmemBytes = kOffsetBarriers + 8 * 8;
   static_assert(kSmemBytes <= 227 * 1024);
-  static_assert(kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
+  static_assert(!kBulkDq || kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
 // The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
@@ -277,6 +276,7 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
 template <class T, bool kMods, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
+  static_assert(!kDeterministic || T::kBulkDq);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
@@ -433,17 +433,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       cutlass::arch::fence_view_async_shared();
       bars.dq_full[buf].arrive();
-    } else if constexpr (kDeterministic) {
-      // Atomics in turn: each element gets one addition per block, and the blocks take turns (as
-      // the writer thread's do), so the sums come out the same on every run. The consumers wait
-      // here themselves, as their accumulators hold the tile.
-      int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-      if (tc == 0) turn_wait(turn, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / kBlockN - n_block);
-      NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);
-      add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
-      __threadfence();
-      NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);
-      if (tc == 0) turn_pass(turn);
     } else {
       add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
     }

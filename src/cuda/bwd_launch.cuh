@@ -28,7 +28,8 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // Hopper: 128-key tiles (64 keys per warpgroup) up to head dim 128 as FlashAttention-3 tiles them,
 // with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
-// and 64 rows beyond; 64-key tiles shared by two warpgroups past 128.
+// and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
+// head dim 128 runs the portable kernels.
 template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; };
 template <class E> struct BwdConfigSm90<E, 64> {
   using type = BwdTraitsSm90<E, 64, 128, 128>;
@@ -45,7 +46,10 @@ template <DType kDtype, int kHeadDim>
 bool bwd_runs_sm90(const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
   using H = typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type;
-  if constexpr (!std::is_void_v<H>) return g.sm90a;
+  if constexpr (!std::is_void_v<H>) {
+    if constexpr (H::kBulkDq) return g.sm90a;
+    return g.sm90a && !g.deterministic;
+  }
 #endif
   return false;
 }
@@ -81,7 +85,10 @@ template <class H, bool kMods>
 void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
   if (grid.x == 0) return;
-  auto kernel = g.deterministic ? bwd_kernel_sm90<H, kMods, true> : bwd_kernel_sm90<H, kMods, false>;
+  auto kernel = bwd_kernel_sm90<H, kMods, false>;
+  if constexpr (H::kBulkDq) {
+    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true>;
+  }
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, H::kSmemBytes),
         "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
