@@ -1,7 +1,8 @@
 // The cuda backend's backward entry point: D = rowsum(dO * O), the dK/dV kernel (adding dQ into
 // fp32 rows; in the deterministic mode in a fixed order on Hopper, by its own kernel elsewhere),
 // then dQ converted to the output dtype. Scratch, all O(N): D per (head, query row), the fp32 dQ
-// rows where dQ is summed, and the deterministic mode's turn counters per (head, query tile).
+// rows where dQ is summed, the deterministic mode's turn counters per (head, query tile), and fp32
+// dK, dV rows per (KV head, key row) where a group's heads are split over blocks.
 #include <cuda_runtime.h>
 
 #include "core/backends.hpp"
@@ -47,9 +48,22 @@ BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
           device_runs_sm90a(), static_cast<cudaStream_t>(a.options.stream)};
 }
 
+std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
+  return p.varlen ? a.k.shape[0] : std::int64_t(p.batch) * p.seqlen_k;
+}
+
+// Grouped heads under a mask (causal, window): the key blocks' work is uneven and a group's heads
+// make each block long, so the Hopper kernel splits every group over two blocks, which add their dK,
+// dV into fp32 rows (bench/notes/backward.md). Not in the deterministic mode, whose sums are ordered.
+int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
+  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  const bool uneven = p.window_left >= 0 || p.window_right >= 0;
+  return in && group % 2 == 0 && uneven && !a.options.deterministic && in->runs_sm90(grid(p, a, false)) ? 2 : 1;
+}
+
 struct Scratch {
-  std::size_t dsum_bytes, dq_bytes, turn_bytes;
-  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes; }
+  std::size_t dsum_bytes, dq_bytes, turn_bytes, dkv_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + 2 * dkv_bytes; }
 };
 
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
@@ -59,8 +73,10 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t cols = in ? in->hdim : 0;
   const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a, false));
   const bool summed = !a.options.deterministic || ordered;
+  const std::size_t key_rows = std::size_t(rows_k_total(p, a)) * p.heads_kv;
   return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
-          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0};
+          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0,
+          group_parts(p, a, in) > 1 ? round_up(key_rows * cols * sizeof(float)) : 0};
 }
 
 }  // namespace
@@ -101,11 +117,20 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.dq_accum = sc.dq_bytes ? reinterpret_cast<float*>(ws.data() + sc.dsum_bytes) : nullptr;
   p.dq_turns = sc.turn_bytes ? reinterpret_cast<int*>(ws.data() + sc.dsum_bytes + sc.dq_bytes) : nullptr;
   if (p.dq_turns) check(cudaMemsetAsync(p.dq_turns, 0, sc.turn_bytes, stream), "cudaMemsetAsync (dQ turns)");
+  p.rows_k_total = rows_k_total(pr, a);
+  p.group_parts = 1;
+  if (sc.dkv_bytes) {
+    p.group_parts = group_parts(pr, a, in);
+    p.dk_accum = reinterpret_cast<float*>(ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes);
+    p.dv_accum = reinterpret_cast<float*>(ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes + sc.dkv_bytes);
+    check(cudaMemsetAsync(p.dk_accum, 0, 2 * sc.dkv_bytes, stream), "cudaMemsetAsync (dK, dV rows)");
+  }
 
   launch_bwd_dsum(pr.dtype, p, stream);
   const BwdGrid g = grid(pr, a, pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f));
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
+  if (p.dk_accum) launch_bwd_dkv_convert(pr.dtype, p, stream);
 }
 
 }  // namespace tileattn::cuda

@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // order, so a block only waits for blocks that started before it (no wait on one that has no SM
   // yet), and under a causal mask for blocks that reached the tile earlier (they start lower).
   const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int b = blockIdx.y, hk = blockIdx.z, tid = threadIdx.x;
+  const int b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -299,7 +299,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
   const int m_lo = row_lo / kBlockM;
   const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
-  const BwdWalk w{m_lo, tiles, tiles * f.group, hk * f.group};
+  const int heads = f.group / p.group_parts;  // the group's heads this block walks
+  const BwdWalk w{m_lo, tiles, tiles * heads, hk * f.group + int(blockIdx.z) % p.group_parts * heads};
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
   constexpr int kE = int(sizeof(Element));
@@ -449,6 +450,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const float dk_scale = ds_scale(f);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
+  if (p.group_parts > 1) {  // the group's other blocks add to the same rows
+    const std::int64_t row0 = hk * p.rows_k_total + (f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k) + n0;
+    Tensor ckv = tkv.partition_C(make_identity_tensor(TileKV{}));
+    add_acc_quads<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
+    add_acc_quads<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
+    return;
+  }
   store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tc, sync);
   store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tc, sync);
 #endif

@@ -83,7 +83,7 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 // Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
 template <class H, bool kMods>
 void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
-  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv);
+  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
   if (grid.x == 0) return;
   auto kernel = bwd_kernel_sm90<H, kMods, false>;
   if constexpr (H::kBulkDq) {

@@ -34,5 +34,7 @@ int backward_instance_hdim(DType dtype, int hdim);
 void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream);
 // dQ = the fp32 accumulator rows, as the element type.
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream);
+// dK, dV = the fp32 rows of a split group (p.group_parts > 1), as the element type.
+void launch_bwd_dkv_convert(DType dtype, const BwdParams& p, cudaStream_t stream);
 
 }  // namespace tileattn::cuda

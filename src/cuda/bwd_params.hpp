@@ -27,6 +27,13 @@ struct BwdParams {
   std::int64_t rows_total;
   int dq_cols;      // the kernel's head dim
   int batch;
+  // Grouped heads split over group_parts blocks per key tile (Hopper): each block walks
+  // group / group_parts heads of its group and adds its dK, dV into fp32 rows indexed by (KV head,
+  // key row of the whole batch), [heads_kv][rows_k_total][dq_cols], columns as dq_column; null
+  // where group_parts is 1 (a block owns its dK, dV).
+  float *dk_accum, *dv_accum;
+  std::int64_t rows_k_total;
+  int group_parts;
 };
 
 // The fp32 dQ rows keep each row's 4-column chunks permuted by the row's index (chunk ^ 2 * (row % 4)):

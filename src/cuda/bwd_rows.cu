@@ -1,7 +1,8 @@
 // The backward's per-row kernels, 16-byte accesses, one thread per 8 columns and as many rows per
 // warp as fit (a row's threads are a power of two, so they reduce by shuffles within the warp):
 // D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the
-// accumulator scaled and converted to the output dtype after them.
+// accumulator scaled and converted to the output dtype after them (and a split group's dK, dV
+// accumulators converted).
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -81,13 +82,33 @@ __global__ void dq_convert_kernel(const BwdParams p, int tpr) {
   }
 }
 
+// dK and dV from the fp32 rows of a split group (BwdParams::group_parts), already scaled.
+template <class E>
+__global__ void dkv_convert_kernel(const BwdParams p, int tpr) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
+  const int h = blockIdx.y, lane = threadIdx.x % tpr;
+  if (row >= p.rows_k_total) return;
+  const FwdParams& f = p.fwd;
+  const bool varlen = f.cu_k != nullptr;
+  const std::int64_t b = varlen ? 0 : row / f.seqlen_k, i = varlen ? row : row % f.seqlen_k;
+  const std::int64_t acc_row = h * p.rows_k_total + row;
+  auto convert = [&](const float* acc, E* out, int cols) {
+    for (int c = lane * 8; c < cols; c += tpr * 8) {
+      const Vec8 v = *reinterpret_cast<const Vec8*>(acc + acc_row * p.dq_cols + dq_column(acc_row, c));
+      *reinterpret_cast<cutlass::Array<E, 8>*>(out + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
+    }
+  };
+  convert(p.dk_accum, static_cast<E*>(p.dk) + b * p.dk_batch + i * p.dk_row + h * p.dk_head, f.d_qk);
+  convert(p.dv_accum, static_cast<E*>(p.dv) + b * p.dv_batch + i * p.dv_row + h * p.dv_head, f.d_v);
+}
+
 using RowKernel = void (*)(BwdParams, int);
 
-void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, int cols, cudaStream_t stream,
-                 const char* what) {
-  if (p.rows_total == 0) return;
+void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, std::int64_t rows, int heads,
+                 int cols, cudaStream_t stream, const char* what) {
+  if (rows == 0) return;
   const int tpr = threads_per_row(cols), rows_per_block = kThreads / tpr;
-  const dim3 grid(unsigned((p.rows_total + rows_per_block - 1) / rows_per_block), p.fwd.heads_q);
+  const dim3 grid(unsigned((rows + rows_per_block - 1) / rows_per_block), heads);
   (dtype == DType::f16 ? f16 : bf16)<<<grid, kThreads, 0, stream>>>(p, tpr);
   check_launch(what);
 }
@@ -96,12 +117,18 @@ void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p,
 
 void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream) {
   launch_rows(dsum_kernel<ElementOf<DType::f16>::type>, dsum_kernel<ElementOf<DType::bf16>::type>, dtype, p,
-              p.fwd.d_v, stream, "launching the backward's D = rowsum(dO * O) kernel");
+              p.rows_total, p.fwd.heads_q, p.fwd.d_v, stream, "launching the backward's D = rowsum(dO * O) kernel");
 }
 
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {
   launch_rows(dq_convert_kernel<ElementOf<DType::f16>::type>, dq_convert_kernel<ElementOf<DType::bf16>::type>, dtype,
-              p, p.fwd.d_qk, stream, "launching the backward's dQ conversion kernel");
+              p, p.rows_total, p.fwd.heads_q, p.fwd.d_qk, stream, "launching the backward's dQ conversion kernel");
+}
+
+void launch_bwd_dkv_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {
+  launch_rows(dkv_convert_kernel<ElementOf<DType::f16>::type>, dkv_convert_kernel<ElementOf<DType::bf16>::type>,
+              dtype, p, p.rows_k_total, p.fwd.heads_q / p.fwd.group, p.fwd.d_qk > p.fwd.d_v ? p.fwd.d_qk : p.fwd.d_v,
+              stream, "launching the backward's dK, dV conversion kernel");
 }
 
 }  // namespace tileattn::cuda
