@@ -52,13 +52,16 @@ std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.k.shape[0] : std::int64_t(p.batch) * p.seqlen_k;
 }
 
-// Grouped heads under a mask (causal, window): the key blocks' work is uneven and a group's heads
-// make each block long, so the Hopper kernel splits every group over two blocks, which add their dK,
-// dV into fp32 rows (bench/notes/backward.md). Not in the deterministic mode, whose sums are ordered.
+// Groups of 8 or more heads under a mask (causal, window) from 2k query rows: the key blocks' work
+// is uneven and the group makes the longest blocks long, so the Hopper kernel splits each group
+// over two blocks, which add their dK, dV into fp32 rows. Measured 3-12% faster there; with groups
+// of 4 or at 512 rows the extra additions and conversion cost more than the shorter tail gains
+// (bench/notes/backward.md). Not in the deterministic mode, whose sums are ordered.
 int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   const bool uneven = p.window_left >= 0 || p.window_right >= 0;
-  return in && group % 2 == 0 && uneven && !a.options.deterministic && in->runs_sm90(grid(p, a, false)) ? 2 : 1;
+  const bool split = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 && !a.options.deterministic;
+  return in && split && in->runs_sm90(grid(p, a, false)) ? 2 : 1;
 }
 
 struct Scratch {
