@@ -6,6 +6,7 @@
 
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
+#include "cuda/block_state.hpp"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
@@ -42,14 +43,17 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
+// Chunks, document ids and block masks run on the portable kernels (the Hopper kernel takes a
+// causal or window mask only).
 BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
+  const bool plain_mask = pr.chunk == 0 && !pr.documents && !pr.block_sparse();
   return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, a.options.deterministic,
-          device_runs_sm90a(), static_cast<cudaStream_t>(a.options.stream)};
+          device_runs_sm90a() && plain_mask, static_cast<cudaStream_t>(a.options.stream)};
 }
 
 struct Scratch {
-  std::size_t dsum_bytes, dq_bytes, turn_bytes;
-  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes; }
+  std::size_t dsum_bytes, dq_bytes, turn_bytes, block_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + block_bytes; }
 };
 
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
@@ -60,7 +64,8 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a, false));
   const bool summed = !a.options.deterministic || ordered;
   return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
-          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0};
+          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0,
+          block_state_bytes(p, a.block_mask)};
 }
 
 }  // namespace
@@ -82,7 +87,8 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   const BwdInstance* in = find_instance(pr.dtype, call_hdim(pr));
 
   BwdParams p{};
-  p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes, a.options});
+  p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
+                           a.document_ids_q, a.document_ids_k, a.options});
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
@@ -101,6 +107,10 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.dq_accum = sc.dq_bytes ? reinterpret_cast<float*>(ws.data() + sc.dsum_bytes) : nullptr;
   p.dq_turns = sc.turn_bytes ? reinterpret_cast<int*>(ws.data() + sc.dsum_bytes + sc.dq_bytes) : nullptr;
   if (p.dq_turns) check(cudaMemsetAsync(p.dq_turns, 0, sc.turn_bytes, stream), "cudaMemsetAsync (dQ turns)");
+  if (pr.block_sparse())
+    p.fwd.blocks = make_block_state(
+        pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes),
+        stream);
 
   launch_bwd_dsum(pr.dtype, p, stream);
   const BwdGrid g = grid(pr, a, pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f));

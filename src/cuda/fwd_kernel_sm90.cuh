@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (!sched.valid(t)) break;
       const auto w = sched.tile(t);
       const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN>(p, w.m_block, w.b, w.h);
-      if (!g.has_rows() || !g.has_keys()) continue;
-      fwd_sm90_load<T>(tma, g, sQ, sK, sV, pk, pv, st, bars, q_loads);
+      if (!g.has_rows() || !g.has_keys<T::kBlockN>(p)) continue;
+      fwd_sm90_load<T>(p, tma, g, sQ, sK, sV, pk, pv, st, bars, q_loads);
       ++q_loads;
     }
   } else {
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const auto w = sched.tile(t);
       const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN>(p, w.m_block, w.b, w.h);
       if (!g.has_rows()) continue;
-      if (!g.has_keys()) {
+      if (!g.has_keys<T::kBlockN>(p)) {
         fwd_sm90_store_empty<T>(p, g, tc);
         continue;
       }
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fwd_sm90_mma<T, kMods>(p, g, sQ, sK, sV, sVt, pk, pv, st, bars, q_loads & 1, acc_o, softmax, tc);
       ++q_loads;
       float lse[kRows];
-      softmax.finish(acc_o_rc, kMods ? 1.f : p.scale_log2, kMods && p.dropout ? p.drop.keep_scale : 1.f, lse);
+      softmax.finish(acc_o_rc, kMods ? 1.f : p.scale_log2, kMods && g.var.dropout ? g.var.drop.keep_scale : 1.f, lse);
       fwd_sm90_store<T>(p, g, acc_o, lse, sO, tc);
     }
   }

@@ -90,6 +90,12 @@ void launch_sm90(const FwdParams& p, const FwdGrid& g) {
   throw_on(cudaGetLastError(), "launching the forward kernel");
 }
 
+// Whether a kernel's tiles lie within the block mask's blocks (each tile meets one cell).
+template <class T>
+bool tiles_fit_blocks(const FwdGrid& g) {
+  return g.block_q % T::kBlockM == 0 && g.block_k % T::kBlockN == 0;
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
@@ -98,10 +104,10 @@ void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using Tall = typename FwdConfigSm90Tall<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<Tall>) {
     const bool masked = g.tile_counter != nullptr;  // a mask or varlen: the tiles differ in cost
-    if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048))
+    if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048) && tiles_fit_blocks<Tall>(g))
       return g.mods ? launch_sm90<Tall, true>(p, g) : launch_sm90<Tall, false>(p, g);
   }
-  if (g.sm90a) return g.mods ? launch_sm90<H, true>(p, g) : launch_sm90<H, false>(p, g);
+  if (g.sm90a && tiles_fit_blocks<H>(g)) return g.mods ? launch_sm90<H, true>(p, g) : launch_sm90<H, false>(p, g);
 #endif
   launch_portable<typename FwdConfig<E, kHeadDim>::type>(p, g);
 }

@@ -15,6 +15,7 @@ struct FwdGrid {
   int batch, heads_q, max_seqlen_q;
   bool mods;  // softcap, ALiBi, dropout or a non-positive scale: the kernel variant that applies them
   bool sm90a;  // run the Hopper kernel (where built)
+  int block_q, block_k;  // the block mask's block sizes (0: none): the Hopper kernel's tiles must divide them
   int* tile_counter;  // Hopper kernel: claim tiles from this counter (zeroed by the launch); nullptr: static order
   cudaStream_t stream;
 };
