@@ -1,6 +1,4 @@
 // Dispatch: validate once, then hand the problem to the backend it resolved to.
-#include <string>
-
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
 
@@ -25,18 +23,10 @@ bool writes_nothing(const Problem& p, const DecodeArgs& a) {
   return empty(a.out) && empty(a.lse) && (p.seqlen_new == 0 || p.batch == 0 || p.heads_kv == 0);
 }
 
-// The CUDA kernels take no block masks, attention chunks or document ids yet.
-void reject_on_cuda(const char* fn, const Problem& p) {
-  if (p.backend != Backend::cuda) return;
-  if (p.block_sparse()) throw Error(std::string("tileattn::") + fn + ": block_mask is not supported by the cuda backend yet (CPU backends only)");
-  if (p.documents) throw Error(std::string("tileattn::") + fn + ": document ids are not supported by the cuda backend yet (CPU backends only)");
-  if (p.chunk > 0) throw Error(std::string("tileattn::") + fn + ": options.chunk_size is not supported by the cuda backend yet (CPU backends only)");
-}
 }  // namespace
 
 void forward(const ForwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("forward", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_forward(p, a);
@@ -47,7 +37,6 @@ void forward(const ForwardArgs& a) {
 
 void backward(const BackwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("backward", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_backward(p, a);
@@ -58,7 +47,6 @@ void backward(const BackwardArgs& a) {
 
 void decode(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("decode", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_decode(p, a);
@@ -76,7 +64,6 @@ void combine(const CombineArgs& a) {
 
 std::size_t workspace_size(const ForwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
@@ -84,7 +71,6 @@ std::size_t workspace_size(const ForwardArgs& a) {
 
 std::size_t workspace_size(const BackwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
@@ -92,7 +78,6 @@ std::size_t workspace_size(const BackwardArgs& a) {
 
 std::size_t workspace_size(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
