@@ -46,9 +46,9 @@ std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 // Chunks, document ids and block masks run on the portable kernels (the Hopper kernel takes a
 // causal or window mask only).
 BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
-  const bool plain_mask = pr.chunk == 0 && !pr.documents && !pr.block_sparse();
-  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, a.options.deterministic,
-          device_runs_sm90a() && plain_mask, static_cast<cudaStream_t>(a.options.stream)};
+  const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, a.options.deterministic,
+          device_runs_sm90a() && !variant, static_cast<cudaStream_t>(a.options.stream)};
 }
 
 struct Scratch {

@@ -392,7 +392,8 @@ __device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, in
                                max_cols);
 }
 
-template <class T, bool kMods, bool kAtomicDq>
+// kMods, kVariant: as in the forward kernel (fwd_kernel.cuh, key_tiles.cuh).
+template <class T, bool kMods, bool kAtomicDq, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
@@ -404,9 +405,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
   const int n1 = min(n0 + kBlockN, s.sk);
+  const Variant var = restricted<kVariant>(s.var);
   // A block mask's fully visible blocks take no element mask: any row may see these keys.
-  const bool blocks = f.blocks.state != nullptr;
-  const int row_lo = blocks ? 0 : s.var.row_begin(n0), row_hi = blocks ? s.sq : s.var.row_end(n1);
+  const bool blocks = kVariant && f.blocks.state != nullptr;
+  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
   const int m_lo = row_lo / kBlockM;
   const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
 
@@ -439,13 +441,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     int h, m0;
     TileMask mode;
   };
-  auto after = [&](Pair x) {  // the first visited pair after x
-    do {
+  auto after = [&](Pair x) {  // the first visited pair after x (without kVariant, the next one)
+    for (;;) {
       x.m0 += kBlockM;
       if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
-    } while (x.h < h_end && (x.mode = tile_mask<kBlockN>(f, s.var, b, x.h, x.m0, min(x.m0 + kBlockM, s.sq), n0,
-                                                          s.sk)) == TileMask::skip);
-    return x;
+      if (x.h >= h_end) return x;
+      x.mode = tile_mask<kBlockN, kVariant>(f, var, b, x.h, x.m0, min(x.m0 + kBlockM, s.sq), n0, s.sk);
+      if (!kVariant || x.mode != TileMask::skip) return x;
+    }
   };
   Pair pair = tiles > 0 ? after({hk * f.group, (m_lo - 1) * kBlockM, TileMask::skip}) : Pair{h_end, 0, TileMask::skip};
   if (pair.h < h_end) load(pair.h, pair.m0, 0);
@@ -480,7 +483,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     }
     const BwdHead hd(f, b, h);
     const int qoff = st * 2 * kTileQ;
-    tile_grads<T, kMods, true>(f, s.var, hd, pair.mode, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
+    tile_grads<T, kMods, true>(f, var, hd, pair.mode, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
                                tid);
     __syncthreads();  // P^T and dS^T are in shared memory
 
@@ -533,7 +536,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
 }
 
-template <class T, bool kMods>
+template <class T, bool kMods, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
@@ -546,12 +549,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   const int m0 = m_block * kBlockM;
   if (m0 >= s.sq) return;
   const int rows = min(kBlockM, s.sq - m0);
-  const bool blocks = f.blocks.state != nullptr;  // any key may be visible (see bwd_dkdv_kernel)
-  const int key_lo = blocks ? 0 : max(s.var.key_begin(m0), 0);
-  const int key_hi = blocks ? s.sk : min(s.var.key_end(m0 + rows - 1), s.sk);
+  const Variant var = restricted<kVariant>(s.var);
+  const bool blocks = kVariant && f.blocks.state != nullptr;  // any key may be visible (see bwd_dkdv_kernel)
+  const int key_lo = blocks ? 0 : max(var.key_begin(m0), 0);
+  const int key_hi = blocks ? s.sk : min(var.key_end(m0 + rows - 1), s.sk);
   const int n_min = key_lo / kBlockN;
   const int n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
-  auto mode = [&](int n) { return tile_mask<kBlockN>(f, s.var, b, h, m0, m0 + rows, n * kBlockN, s.sk); };
+  auto mode = [&](int n) { return tile_mask<kBlockN, kVariant>(f, var, b, h, m0, m0 + rows, n * kBlockN, s.sk); };
 
   Element* base = reinterpret_cast<Element*>(smem);
   Tensor sQ = make_tensor(make_smem_ptr(base), typename T::SmemLayoutQ{});
@@ -568,7 +572,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   auto load_kv = [&](int n, int st) { load_key_tile<T>(f, s, b, hk, n * kBlockN, sK(st), sV(st), tid); };
 
   load_query_tile<T>(p, s, b, h, m0, sQ, sdO, sLse, sDsum, tid);
-  Visit t = next_visited(n_max, n_min, mode);
+  Visit t = next_visited<kVariant>(n_max, n_min, mode);
   if (t.n >= n_min) load_kv(t.n, 0);
   cp_async_fence();
 
@@ -579,7 +583,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   const BwdHead hd(f, b, h);
   Tensor k0 = sK(0), v0 = sV(0);
   for (int i = 0; t.n >= n_min; ++i) {
-    const Visit next = next_visited(t.n, n_min, mode);
+    const Visit next = next_visited<kVariant>(t.n, n_min, mode);
     const int st = kStages == 2 ? i & 1 : 0;
     const int n0 = t.n * kBlockN;
     cp_async_wait<0>();
@@ -589,7 +593,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
       cp_async_fence();
     }
     const int koff = st * 2 * kTileKV;
-    tile_grads<T, kMods, false>(f, s.var, hd, t.mode, n0, m0, k0, v0, koff, sQ, sdO, 0, sLse, sDsum, sdSt, sdSt, tid);
+    tile_grads<T, kMods, false>(f, var, hd, t.mode, n0, m0, k0, v0, koff, sQ, sdO, 0, sLse, sDsum, sdSt, sdSt, tid);
     __syncthreads();  // dS^T is in shared memory
     tile_dq<T>(acc_dq, sdSt, k0, koff, tid);
     if (kStages == 1 && next.n >= n_min) {

@@ -67,7 +67,8 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   if (pr.block_sparse())
     p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
-                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f), device_runs_sm90a(),
+                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
+                  pr.chunk > 0 || pr.documents || pr.block_sparse(), device_runs_sm90a(),
                   pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr, stream};
   in->launch(p, g);
 }

@@ -58,16 +58,17 @@ struct FwdTraits {
 };
 
 // kMods: the kernel with the variant's score transform (softcap, ALiBi) and dropout; without it
-// scores stay raw and the softmax folds the scale into its exponent. Visibility (masks, chunks,
-// document ids, block masks) is the same in both. kEvenK: both head dims equal the tile's, no column checks.
-template <class T, bool kMods, bool kEvenK>
+// scores stay raw and the softmax folds the scale into its exponent. kEvenK: both head dims equal
+// the tile's, no column checks. kVariant: the kernel that takes chunks, document ids and block
+// masks (key_tiles.cuh).
+template <class T, bool kMods, bool kEvenK, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
   extern __shared__ __align__(128) char smem[];
 
   // The longest causal tiles start first.
-  const FwdTile g = fwd_tile<kBlockM, kBlockN>(p, int(gridDim.x) - 1 - int(blockIdx.x), blockIdx.y, blockIdx.z);
+  FwdTile g = fwd_tile<kBlockM, kBlockN, kVariant>(p, int(gridDim.x) - 1 - int(blockIdx.x), blockIdx.y, blockIdx.z);
   if (!g.has_rows()) return;
   const int b = g.b, h = g.h, hk = g.hk, q_start = g.q_start, k_start = g.k_start, sq = g.sq, sk = g.sk;
   const int m_block = g.m_block, m0 = g.m0, rows = g.rows, n_min = g.n_min;
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
 
   OnlineSoftmax<kRows> softmax;
   clear(acc_o);
-  const Visit top = g.next<kBlockN>(p, g.n_max);
+  const Visit top = g.next<kBlockN, kVariant>(p, g.n_max);
   if (top.n < n_min) {  // no row of this tile sees a key
     float lse[kRows];
     softmax.finish(acc_o_rc, 1.f, 1.f, lse);
@@ -166,10 +167,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   cp_async_fence();
 
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
-  Variant var = g.var;
   if constexpr (kMods) {
-    if (p.alibi != nullptr) var = var.with_slope(p.alibi[b * p.alibi_batch + h * p.alibi_head]);
+    if (p.alibi != nullptr) g.var.score.alibi = p.alibi[b * p.alibi_batch + h * p.alibi_head];
   }
+  const Variant& var = g.var;
   const unsigned bh = unsigned(b * p.heads_q + h);
 
   // One key tile. kMasked: the mask cuts the tile (or it is the last, partial one), so scores are
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     // Masked after the barrier: ahead of it the compiler hoists the compares above the product and
     // packs the predicates into bit masks.
     if constexpr (kMasked) {
-      if (mode == TileMask::rules)
+      if (!kVariant || mode == TileMask::rules)
         apply_mask(s, cS_rc, var, m0, col0);
       else
         apply_key_limit(s, cS_rc, sk - col0);
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   // Key tiles from the last visited to the first; only tiles the mask cuts pay for masking. The
   // modifiers' kernel keeps one body (masking every tile): two spilled twice as much there.
   for (Visit t = top; t.n >= n_min;) {
-    const Visit next = g.next<kBlockN>(p, t.n);
+    const Visit next = g.next<kBlockN, kVariant>(p, t.n);
     if (!kMods && t.mode == TileMask::none)
       key_tile(false_type{}, t.n, next.n, t.mode);
     else

@@ -134,7 +134,7 @@ FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
 // The producer thread's loads for one tile with keys, in the order the consumers use them, over
 // the key tiles the tile visits (from the top down): K[top], Q, then K[next] beside V[n], and the
 // last visited V last. q_loads counts the Q loads before this one (the phase of Q's barriers).
-template <class T, class SQ, class SKV>
+template <class T, bool kVariant, class SQ, class SKV>
 __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm90<T>& tma, const FwdTile& g, SQ& sQ,
                                               SKV& sK, SKV& sV,
                                               typename T::Pipeline& pk, typename T::Pipeline& pv,
@@ -168,12 +168,13 @@ __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm
     copy(tma.v.with(*pv.producer_get_barrier(s), 0), tVg(_, _, _, n), tVs(_, _, _, s.index()));
   };
 
-  Visit t = g.next<T::kBlockN>(p, g.n_max);
+  Visit t = g.next<T::kBlockN, kVariant>(p, g.n_max);
   load_k(t.n);
   if (q_loads > 0) bars.q_empty.wait((q_loads - 1) & 1);
   bars.q_full.arrive_and_expect_tx(T::kTileQBytes);
   copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.q_full), 0), tQg, tQs);
-  for (Visit next = g.next<T::kBlockN>(p, t.n); next.n >= g.n_min; t = next, next = g.next<T::kBlockN>(p, t.n)) {
+  for (Visit next = g.next<T::kBlockN, kVariant>(p, t.n); next.n >= g.n_min;
+       t = next, next = g.next<T::kBlockN, kVariant>(p, t.n)) {
     const auto sv = st;
     ++st;
     load_k(next.n);
@@ -200,7 +201,7 @@ __device__ __forceinline__ void zero_v_rows(SV&& sV, int first, int tw, int wg) 
 // One consumer warpgroup's work on a tile with keys: O (unnormalized) in acc_o and the row
 // statistics in softmax. Key tiles are visited from the last to the first (those the tile visits);
 // only tiles the mask cuts pay for masking. st is the pipelines' read state; q_phase the phase of Q's barrier.
-template <class T, bool kMods, class SQ, class SKV, class SVt, class AccO, class Softmax>
+template <class T, bool kMods, bool kVariant, class SQ, class SKV, class SVt, class AccO, class Softmax>
 __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& g, SQ& sQ, SKV& sK, SKV& sV, SVt& sVt,
                                              typename T::Pipeline& pk, typename T::Pipeline& pv,
                                              cutlass::PipelineState<T::kStages>& st,
@@ -221,9 +222,9 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
 
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
-  Variant var = g.var;
+  Variant scored = g.var;  // the score transform, with the head's ALiBi slope (kMods only)
   if constexpr (kMods) {
-    if (p.alibi != nullptr) var = var.with_slope(p.alibi[g.b * p.alibi_batch + g.h * p.alibi_head]);
+    if (p.alibi != nullptr) scored.score.alibi = p.alibi[g.b * p.alibi_batch + g.h * p.alibi_head];
   }
   const unsigned bh = unsigned(g.b * p.heads_q + g.h);
 
@@ -234,17 +235,17 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   float corr[decltype(size<0>(s))::value];
   auto probabilities = [&](auto masked, const Visit& t) __attribute__((always_inline)) {
     const int col0 = t.n * kBlockN;
-    if constexpr (kMods) apply_score_mod(s, cS_rc, var, g.m0, col0);
+    if constexpr (kMods) apply_score_mod(s, cS_rc, scored, g.m0, col0);
     if constexpr (decltype(masked)::value) {
-      if (t.mode == TileMask::rules)
-        apply_mask(s, cS_rc, var, g.m0, col0);
+      if (!kVariant || t.mode == TileMask::rules)
+        apply_mask(s, cS_rc, g.var, g.m0, col0);
       else
         apply_key_limit(s, cS_rc, g.sk - col0);
     }
     const bool grow = softmax.move_max(s, scale_log2, corr);
     softmax.exponentiate(s, scale_log2);
     if constexpr (kMods) {
-      if (var.dropout) apply_dropout(s, cS_rc, var.drop, bh, g.m0, col0);
+      if (g.var.dropout) apply_dropout(s, cS_rc, g.var.drop, bh, g.m0, col0);
     }
     return grow;
   };
@@ -254,7 +255,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     return probabilities(true_type{}, t);
   };
 
-  Visit t = g.next<kBlockN>(p, g.n_max);
+  Visit t = g.next<kBlockN, kVariant>(p, g.n_max);
   const int top = t.n;
   // Varlen: the last tile's rows past the sequence come from the next one (see zero_v_rows).
   const int v_past_end = p.cu_k != nullptr ? g.sk - top * kBlockN : kBlockN;
@@ -267,7 +268,8 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   Tensor rP = convert<Element>(acc_s);
   Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
 
-  for (Visit next = g.next<kBlockN>(p, t.n); next.n >= g.n_min; t = next, next = g.next<kBlockN>(p, t.n)) {
+  for (Visit next = g.next<kBlockN, kVariant>(p, t.n); next.n >= g.n_min;
+       t = next, next = g.next<kBlockN, kVariant>(p, t.n)) {
     const auto sv = st;  // V[t]'s stage; K[next] is in the next one
     ++st;
     pk.consumer_wait(st);

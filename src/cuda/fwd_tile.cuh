@@ -18,27 +18,28 @@ struct FwdTile {
   int sq, sk;            // the sequence's lengths
   int m0, rows;          // the tile's first query row and how many of its rows exist (<= 0: none)
   int n_min, n_max;      // key tiles [n_min, n_max) hold every key a row of the tile sees
-  Variant var;           // without ALiBi's slope
+  Variant var;           // without ALiBi's slope; restricted<kVariant>
 
   __device__ bool has_rows() const { return rows > 0; }
   // How the tile meets key tile n.
-  template <int kBlockN>
+  template <int kBlockN, bool kVariant>
   __device__ __forceinline__ TileMask mask(const FwdParams& p, int n) const {
-    return tile_mask<kBlockN>(p, var, b, h, m0, m0 + rows, n * kBlockN, sk);
+    return tile_mask<kBlockN, kVariant>(p, var, b, h, m0, m0 + rows, n * kBlockN, sk);
   }
   // Whether the tile visits any key tile.
-  template <int kBlockN>
+  template <int kBlockN, bool kVariant>
   __device__ __forceinline__ bool has_keys(const FwdParams& p) const {
-    return next<kBlockN>(p, n_max).n >= n_min;
+    return next<kBlockN, kVariant>(p, n_max).n >= n_min;
   }
   // The highest key tile below n the tile visits; n < n_min: none.
-  template <int kBlockN>
+  template <int kBlockN, bool kVariant>
   __device__ __forceinline__ Visit next(const FwdParams& p, int n) const {
-    return next_visited(n, n_min, [&](int t) { return mask<kBlockN>(p, t); });
+    return next_visited<kVariant>(n, n_min, [&](int t) { return mask<kBlockN, kVariant>(p, t); });
   }
 };
 
-template <int kBlockM, int kBlockN>
+// kVariant: as in key_tiles.cuh.
+template <int kBlockM, int kBlockN, bool kVariant>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int b, int h) {
   FwdTile t;
   t.m_block = m_block;
@@ -54,11 +55,11 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   }
   t.m0 = m_block * kBlockM;
   t.rows = min(kBlockM, t.sq - t.m0);
-  t.var = sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk);
+  t.var = restricted<kVariant>(sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk));
   t.n_min = t.n_max = 0;
   if (t.rows > 0) {
     // A block mask's fully visible blocks take no element mask: any key may be visible.
-    const bool blocks = p.blocks.state != nullptr;
+    const bool blocks = kVariant && p.blocks.state != nullptr;
     const int key_lo = blocks ? 0 : max(t.var.key_begin(t.m0), 0);
     const int key_hi = blocks ? t.sk : min(t.var.key_end(t.m0 + t.rows - 1), t.sk);
     t.n_min = key_lo / kBlockN;
