@@ -74,7 +74,7 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
 
 def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa=False, return_lse=False,
                    causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, top_left=True, softcap=0.0,
-                   alibi_slopes=None):
+                   alibi_slopes=None, check_device_indices=True):
     """FlexAttention's call on tileattn: query [batch, heads_q, seq_q, d], key/value [batch, heads_kv,
     seq_k, d] (PyTorch tensors) -> out [batch, heads_q, seq_q, d_v], and lse [batch, heads_q, seq_q]
     (natural log) with return_lse. block_mask: a torch.nn.attention.flex_attention.BlockMask (its
@@ -82,7 +82,8 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     blocks' element mask is causal / window_size / chunk_size / document_ids), or None for dense
     attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
     seq_k), or a pair ([batch, seq_q], [batch, seq_k]). heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
-    torch.compile."""
+    torch.compile. check_device_indices: a GPU-resident block mask is copied to the host and checked
+    (one synchronization per call); False skips that (out-of-range entries are then ignored)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
                         "any array)")
@@ -103,6 +104,7 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         q, k, v, None if m is None else m.kv_num_blocks, None if m is None else m.kv_indices,
         None if m is None else m.full_kv_num_blocks, None if m is None else m.full_kv_indices, docs_q, docs_k,
         int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal), bool(top_left),
-        int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), float(softcap), _config.backend)
+        int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), float(softcap), _config.backend,
+        bool(check_device_indices))
     out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

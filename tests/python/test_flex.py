@@ -221,7 +221,9 @@ def test_flex_attention_on_cuda_matches_reference(kind):
         mask_mod = lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)  # noqa: E731
     per_batch = batch if kind == "documents" else None
     bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cuda", BLOCK_SIZE=128)
-    got = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True, **kw)
+    # Half the kinds skip the host copy of the mask (check_device_indices=False): the same results.
+    got = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True,
+                                  check_device_indices=kind in ("causal", "chunked"), **kw)
     base = flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
     ref = _dense_reference(torch, q, k, v, flex.create_mask(mask_mod, per_batch, None, sq, sq, device="cuda"))
     g = torch.randn_like(got)
