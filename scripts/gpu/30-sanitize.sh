@@ -2,7 +2,7 @@
 # compute-sanitizer memcheck and racecheck on small cases of the GPU tests.
 set -uo pipefail
 tests=$BUILD/tests/tileattn_gpu_tests
-filter=${TILEATTN_SANITIZE_FILTER:-GpuForward.StridedViews:GpuForward.RowsWithoutKeys:GpuForward.VarlenIgnoresRowsPastTheLastSequence:GpuDecode.CudaGraphCaptureAndReplay:GpuBackward.MaskedRowsAndUnseenKeysGetZeroGradients:GpuBackward.VarlenWithEmptySequencesAndLargeLogits}
+filter=${TILEATTN_SANITIZE_FILTER:-GpuForward.StridedViews:GpuForward.RowsWithoutKeys:GpuForward.VarlenIgnoresRowsPastTheLastSequence:GpuDecode.CudaGraphCaptureAndReplay:GpuBackward.MaskedRowsAndUnseenKeysGetZeroGradients:GpuBackward.VarlenWithEmptySequencesAndLargeLogits:GpuVariant.SmallCasesOfEachVariant}
 rc=0
 for tool in memcheck racecheck; do
   echo "--- $tool" >>"$OUT/sanitize.log"

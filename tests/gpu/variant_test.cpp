@@ -236,6 +236,33 @@ TEST_F(GpuVariant, LongBlockSparseAndChunkedGqa) {
   });
 }
 
+// One small case of each variant, forward and backward, varlen with a short last sequence and odd
+// sizes: small enough for compute-sanitizer (scripts/gpu/30-sanitize.sh), which checks that
+// document ids and the block mask's cells are never read past their sequences.
+TEST_F(GpuVariant, SmallCasesOfEachVariant) {
+  std::mt19937_64 rng(11);
+  for (int kind = 0; kind < 3; ++kind) {
+    Case c;
+    c.dtype = DType::bf16;
+    c.batch = 2;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.hdim = c.hdim_v = 64;
+    c.varlen = true;
+    c.lens_q = {200, 37};
+    c.lens_k = {300, 45};
+    c.seqlen_q = 200;
+    c.seqlen_k = 300;
+    c.options.backend = Backend::cuda;
+    c.options.causal = true;
+    if (kind == 0) c.options.chunk_size = 70;
+    if (kind == 1) c.documents = true;
+    if (kind == 2) add_random_block_mask(c, rng, {128});
+    check_case(c, 100 + kind, true);
+    if (HasFailure()) return;
+  }
+}
+
 // Decoding with chunked-local attention, cached keys and appended rows against the oracle.
 TEST_F(GpuVariant, DecodeWithChunksMatchesOracle) {
   const std::uint64_t seed = fresh_seed();
