@@ -31,7 +31,7 @@ namespace tileattn {
 // at most once per row across both lists, in any order. All int32 on q's device; dims 0 and 1 may be
 // 1 (shared by every sequence or head). Batch index b is the sequence index (varlen included);
 // q_blocks >= ceil(seqlen_q / block_q) (max_seqlen_q for varlen), and indices < ceil(seqlen_k /
-// block_k). Score modifications (scale, softcap, ALiBi) and dropout apply to every visited element.
+// block_k). The cuda backend takes block sizes that are multiples of 128. Score modifications (scale, softcap, ALiBi) and dropout apply to every visited element.
 // Rows that see no key get out = 0, lse = -inf.
 struct BlockMask {
   TensorView kv_num_blocks;       // int32 [B, H, q_blocks]
@@ -52,9 +52,9 @@ struct ForwardArgs {
   TensorView alibi_slopes;                 // optional fp32 [heads_q] or [batch, heads_q]
   // Optional document ids of packed sequences (both or neither), int32 [batch, seqlen_q] and
   // [batch, seqlen_k] (varlen: [total_q], [total_k]): query row i sees key j only where their ids
-  // are equal, besides the other mask rules. CPU backends only for now.
+  // are equal, besides the other mask rules.
   TensorView document_ids_q, document_ids_k;
-  BlockMask block_mask;                    // optional: block-sparse attention (CPU backends only for now)
+  BlockMask block_mask;                    // optional: block-sparse attention
   // Optional prefix-LM lengths per sequence, int32 [batch] on the host: options.prefix_len's rule
   // with sequence b's own prefix (0: plain causal). Not together with options.prefix_len.
   TensorView prefix_lens;

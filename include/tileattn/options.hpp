@@ -44,8 +44,9 @@ struct Options {
   Backend backend = Backend::automatic;
   int num_splits = 0;                         // decode: KV splits; 0 = heuristic, 1 = no split
   // decode: copy device-resident cache_seqlens and page_table to the host and check them before
-  // launch (one synchronization). Turn off inside CUDA graph capture and hot loops; the kernels then
-  // clamp out-of-range values rather than read outside the cache.
+  // launch (one synchronization); forward and backward: the same for a device-resident block mask's
+  // counts and indices. Turn off inside CUDA graph capture and hot loops; the kernels then clamp
+  // out-of-range values rather than read outside the cache, and ignore out-of-range block entries.
   bool check_device_indices = true;
   void* stream = nullptr;                     // cudaStream_t for the cuda backend; nullptr = default stream
   void* workspace = nullptr;                  // optional caller-owned scratch (see workspace_size)

@@ -96,11 +96,12 @@ def decode(q: _Array, k_cache: _Array, v_cache: _Array, *, k_new: Optional[_Arra
 def combine(out_partial: _Array, lse_partial: _Array, *, out: Optional[_Array] = ...,
             backend: _BackendName = ...) -> Tuple[_Array, Optional[_Array]]: ...
 
-# Block-sparse attention (FlexAttention's BlockMask or its tensors); CPU backends for now.
+# Block-sparse attention (FlexAttention's BlockMask or its tensors); the cuda backend takes block
+# sizes that are multiples of 128.
 def flex_attention(query: Any, key: Any, value: Any, block_mask: Any = ..., *, scale: Any = ...,
                    enable_gqa: Any = ..., return_lse: Any = ..., causal: Any = ..., window_size: Any = ...,
                    chunk_size: Any = ..., document_ids: Any = ..., prefix_len: Any = ..., top_left: Any = ...,
-                   softcap: Any = ..., alibi_slopes: Any = ...) -> Any: ...
+                   softcap: Any = ..., alibi_slopes: Any = ..., check_device_indices: Any = ...) -> Any: ...
 def block_sparse_forward(q: Any, k: Any, v: Any, kv_num_blocks: Any = ..., kv_indices: Any = ...,
                          full_kv_num_blocks: Any = ..., full_kv_indices: Any = ..., *, block_size: Any = ...,
                          cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ..., max_seqlen_q: Any = ...,

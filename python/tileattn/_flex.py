@@ -90,7 +90,7 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
 
 def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa=False, return_lse=False,
                    causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, prefix_len=0, top_left=True,
-                   softcap=0.0, alibi_slopes=None):
+                   softcap=0.0, alibi_slopes=None, check_device_indices=True):
     """FlexAttention's call on tileattn: query [batch, heads_q, seq_q, d], key/value [batch, heads_kv,
     seq_k, d] (PyTorch tensors) -> out [batch, heads_q, seq_q, d_v], and lse [batch, heads_q, seq_q]
     (natural log) with return_lse. block_mask: a torch.nn.attention.flex_attention.BlockMask (its
@@ -99,7 +99,8 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
     seq_k), or a pair ([batch, seq_q], [batch, seq_k]). prefix_len: prefix-LM with causal, every row also
     sees keys [0, prefix_len): an int, or an int32 tensor [batch] per sequence. heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
-    torch.compile."""
+    torch.compile. check_device_indices: a GPU-resident block mask is copied to the host and checked
+    (one synchronization per call); False skips that (out-of-range entries are then ignored)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
                         "any array)")
@@ -122,6 +123,6 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         None if m is None else m.full_kv_num_blocks, None if m is None else m.full_kv_indices, docs_q, docs_k,
         prefix_lens, int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal),
         bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
-        float(softcap), _config.backend)
+        float(softcap), _config.backend, bool(check_device_indices))
     out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

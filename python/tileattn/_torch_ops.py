@@ -152,13 +152,15 @@ def flex_fwd(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Optional[Tensor], k
              full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor], document_ids_q: Optional[Tensor],
              document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor], block_q: int, block_k: int,
              alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
-             window_right: int, chunk_size: int, prefix_len: int, softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+             window_right: int, chunk_size: int, prefix_len: int, softcap: float, backend: str,
+             check_device_indices: bool) -> Tuple[Tensor, Tensor]:
     from . import _flex
     return _flex.block_sparse_forward(
         q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size=(block_q, block_k),
         alibi_slopes=alibi_slopes, chunk_size=chunk_size, document_ids=(document_ids_q, document_ids_k),
         prefix_len=prefix_len if prefix_lens is None else prefix_lens, scale=scale, causal=causal, top_left=top_left,
-        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend)
+        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend,
+        check_device_indices=check_device_indices)
 
 
 @flex_fwd.register_fake
@@ -173,14 +175,14 @@ def flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
              document_ids_q: Optional[Tensor], document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor],
              block_q: int, block_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool,
              top_left: bool, window_left: int, window_right: int, chunk_size: int, prefix_len: int, softcap: float,
-             backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+             backend: str, check_device_indices: bool) -> Tuple[Tensor, Tensor, Tensor]:
     from . import _flex
     return _flex.block_sparse_backward(
         dout, q, k, v, out, lse, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
         block_size=(block_q, block_k), alibi_slopes=alibi_slopes, chunk_size=chunk_size,
         document_ids=(document_ids_q, document_ids_k), prefix_len=prefix_len if prefix_lens is None else prefix_lens,
         scale=scale, causal=causal, top_left=top_left, window_left=window_left, window_right=window_right,
-        softcap=softcap, backend=backend)
+        softcap=softcap, backend=backend, check_device_indices=check_device_indices)
 
 
 @flex_bwd.register_fake
@@ -202,7 +204,7 @@ def _flex_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     block_q, block_k, *params = ctx.params
     dq, dk, dv = flex_bwd(dout, q, k, v, out, lse, *mask, block_q, block_k, alibi_slopes, *params)
-    return (dq, dk, dv) + (None,) * 19
+    return (dq, dk, dv) + (None,) * 20
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)

@@ -13,6 +13,7 @@
 #     decode append, rotary  GpuDecode.AppendWithRotaryOnEveryKernel (tensor-core kernel on pages
 #                            of 16 and of 5, CUDA-core kernel at head dim 256, each split)
 #     decode splits, combine GpuNanSemantics.DecodeSplitsAndCombine (1, 4 and 64 splits; combine)
+#     variants               GpuVariant.SmallCasesOfEachVariant (chunks, document ids, block masks)
 # The test names are the sources' (tests/gpu/); a name the binary does not list (a renamed test)
 # fails the step before anything runs.
 # TILEATTN_SANITIZE_TOOLS narrows the tools (default "memcheck racecheck synccheck initcheck").
@@ -25,7 +26,7 @@ log=$OUT/sanitize.log
 : >"$log"
 fwd_bwd='GpuForward.StridedViews:GpuBackward.VarlenWithEmptySequencesAndLargeLogits'
 one_case="$fwd_bwd:GpuDecode.CudaGraphCaptureAndReplay:GpuDecode.AppendWithRotaryOnEveryKernel"
-one_case+=':GpuNanSemantics.DecodeSplitsAndCombine'
+one_case+=':GpuNanSemantics.DecodeSplitsAndCombine:GpuVariant.SmallCasesOfEachVariant'
 
 # Every named test must exist ("Suite." lines, then "  Test" lines).
 listed=$("$tests" --gtest_list_tests) || { echo "sanitize: $tests does not run" | tee -a "$OUT/summary.txt"; exit 1; }
@@ -63,10 +64,10 @@ run() {
 for tool in ${TILEATTN_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
   if [ "$tool" = memcheck ]; then
     run memcheck "every test" '*'
-    run memcheck "portable kernels" 'GpuForward.*:GpuBackward.*' TILEATTN_CUDA_PORTABLE=1
+    run memcheck "portable kernels" 'GpuForward.*:GpuBackward.*:GpuVariant.*' TILEATTN_CUDA_PORTABLE=1
   else
     run "$tool" "one case per kernel" "$one_case"
-    run "$tool" "one case per kernel, portable" "$fwd_bwd" TILEATTN_CUDA_PORTABLE=1
+    run "$tool" "one case per kernel, portable" "$fwd_bwd:GpuVariant.SmallCasesOfEachVariant" TILEATTN_CUDA_PORTABLE=1
   fi
 done
 rm -f "$OUT/sanitize-part.log"

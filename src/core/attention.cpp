@@ -1,6 +1,4 @@
 // Dispatch: validate once, then hand the problem to the backend it resolved to.
-#include <string>
-
 #include "core/backends.hpp"
 #include "tileattn/error.hpp"
 
@@ -25,12 +23,9 @@ bool writes_nothing(const Problem& p, const DecodeArgs& a) {
   return empty(a.out) && empty(a.lse) && (p.seqlen_new == 0 || p.batch == 0 || p.heads_kv == 0);
 }
 
-// The CUDA kernels take no block masks, attention chunks, document ids or prefix-LM yet.
+// The CUDA kernels take no prefix-LM yet.
 void reject_on_cuda(const char* fn, const Problem& p) {
   if (p.backend != Backend::cuda) return;
-  if (p.block_sparse()) throw Error(std::string("tileattn::") + fn + ": block_mask is not supported by the cuda backend yet (CPU backends only)");
-  if (p.documents) throw Error(std::string("tileattn::") + fn + ": document ids are not supported by the cuda backend yet (CPU backends only)");
-  if (p.chunk > 0) throw Error(std::string("tileattn::") + fn + ": options.chunk_size is not supported by the cuda backend yet (CPU backends only)");
   if (p.prefix_lm())
     throw Error(std::string("tileattn::") + fn +
                 ": prefix-LM (options.prefix_len, prefix_lens) is not supported by the cuda backend yet (CPU backends only)");

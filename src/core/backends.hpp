@@ -29,7 +29,7 @@ std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
 }  // namespace cpu
 
 namespace cuda {
-// Copies a device int32 tensor of rank 1 or 2 to the host, in logical row-major order.
+// Copies a device int32 tensor to the host, in logical row-major order.
 std::vector<std::int32_t> read_i32(const TensorView& t);
 
 void forward(const Problem& p, const ForwardArgs& a);

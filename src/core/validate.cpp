@@ -404,7 +404,7 @@ static Problem validate_forward(const ForwardArgs& a) {
   const char* fn = "forward";
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
-  check_block_mask(fn, a.block_mask, a.q.device, p);
+  check_block_mask(fn, a.block_mask, a.q.device, a.options.check_device_indices, p);
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
@@ -425,7 +425,7 @@ static Problem validate_backward(const BackwardArgs& a) {
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
-  check_block_mask(fn, a.block_mask, a.q.device, p);
+  check_block_mask(fn, a.block_mask, a.q.device, a.options.check_device_indices, p);
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
   check_like(fn, "dout", a.dout, "out", a.out);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backends.hpp"
 #include "core/fail.hpp"
 #include "tileattn/error.hpp"
 
@@ -20,6 +21,26 @@ void check_int_tensor(const char* fn, const char* name, const TensorView& t, int
   for (int d = 0; d < ndim; ++d)
     if (t.shape[d] < 0) fail(fn, "block_mask.", name, ".shape[", d, "] = ", t.shape[d], " is negative");
   if (t.numel() > 0 && t.data == nullptr) fail(fn, "block_mask.", name, " has a null data pointer");
+}
+
+// A host copy of a device-resident int32 tensor (row-major), and its view.
+struct HostCopy {
+  std::vector<std::int32_t> values;
+  TensorView view;
+};
+
+HostCopy host_copy(const TensorView& t) {
+  HostCopy c;
+  if (!t.present()) return c;
+#if defined(TILEATTN_WITH_CUDA)
+  c.values = cuda::read_i32(t);
+#endif
+  c.view = t;
+  c.view.data = c.values.data();
+  c.view.device = Device{};
+  std::int64_t step = 1;
+  for (int d = t.ndim - 1; d >= 0; step *= t.shape[d], --d) c.view.stride[d] = step;
+  return c;
 }
 
 std::int32_t at(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t n = 0) {
@@ -97,7 +118,7 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
   p.documents = true;
 }
 
-void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Problem& p) {
+void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, bool read_device, Problem& p) {
   const bool any = m.kv_num_blocks.present() || m.kv_indices.present() || m.full_kv_num_blocks.present() ||
                    m.full_kv_indices.present();
   if (!any) return;
@@ -138,8 +159,22 @@ void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Pro
   }
   p.block_q = m.block_q;
   p.block_k = m.block_k;
-  // Device-resident values cannot be read here; a backend that takes them checks them itself.
-  if (dev.type != DeviceType::cpu) return;
+  // Device-resident values are copied here where read_device (options.check_device_indices: one
+  // synchronization); otherwise the kernels ignore counts and indices out of range.
+  if (dev.type != DeviceType::cpu && (!read_device || !cuda_available())) return;
+  HostCopy copies[4];
+  const BlockMask* values = &m;
+  BlockMask host;
+  if (dev.type != DeviceType::cpu) {
+    const TensorView* all[4] = {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices};
+    for (int i = 0; i < 4; ++i) copies[i] = host_copy(*all[i]);
+    host = m;
+    host.kv_num_blocks = copies[0].view;
+    host.kv_indices = copies[1].view;
+    host.full_kv_num_blocks = copies[2].view;
+    host.full_kv_indices = copies[3].view;
+    values = &host;
+  }
 
   // Per row of the mask: counts within the list and the key blocks, indices in range, each key
   // block at most once across both lists.
@@ -165,8 +200,8 @@ void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, Pro
             seen[kb] = row_id;
           }
         };
-        walk("kv_num_blocks", num, "kv_indices", m.kv_indices);
-        if (full) walk("full_kv_num_blocks", m.full_kv_num_blocks, "full_kv_indices", m.full_kv_indices);
+        walk("kv_num_blocks", values->kv_num_blocks, "kv_indices", values->kv_indices);
+        if (full) walk("full_kv_num_blocks", values->full_kv_num_blocks, "full_kv_indices", values->full_kv_indices);
       }
 }
 

@@ -50,6 +50,17 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
   }
   p.dropout = pr.dropout_p > 0.f;
   p.drop = pr.dropout(t.options);
+  p.chunk = pr.chunk;
+  if (pr.documents) {
+    // Batched [batch, seqlen], varlen [total] (batch stride 0, rows from cu_seqlens).
+    auto ids = [&](const TensorView& d, const int*& ptr, std::int64_t& batch, std::int64_t& row) {
+      ptr = d.ptr<const int>();
+      batch = pr.varlen ? 0 : d.stride[0];
+      row = d.stride[pr.varlen ? 0 : 1];
+    };
+    ids(t.document_ids_q, p.doc_q, p.doc_q_batch, p.doc_q_row);
+    ids(t.document_ids_k, p.doc_k, p.doc_k_batch, p.doc_k_row);
+  }
   return p;
 }
 

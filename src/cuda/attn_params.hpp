@@ -1,5 +1,6 @@
 // Kernel arguments shared by the forward and the backward, resolved on the host from a validated
-// problem: data pointers, element strides, mask geometry and score modifiers.
+// problem: data pointers, element strides and the variant's plain data (the block mask's cells come
+// from block_state.hpp).
 #pragma once
 
 #include "core/problem.hpp"
@@ -9,7 +10,8 @@ namespace tileattn::cuda {
 
 // The tensors of an attention call whose layout the kernels read through FwdParams.
 struct AttnTensors {
-  const TensorView &q, &k, &v, &out, &lse, &cu_seqlens_q, &cu_seqlens_k, &alibi_slopes;
+  const TensorView &q, &k, &v, &out, &lse, &cu_seqlens_q, &cu_seqlens_k, &alibi_slopes, &document_ids_q,
+      &document_ids_k;
   const Options& options;
 };
 

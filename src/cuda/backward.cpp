@@ -7,6 +7,7 @@
 
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
+#include "cuda/block_state.hpp"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
@@ -43,9 +44,12 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
+// Chunks, document ids and block masks run on the portable kernels (the Hopper kernel takes a
+// causal or window mask only).
 BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
-  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, a.options.deterministic,
-          device_runs_sm90a(), static_cast<cudaStream_t>(a.options.stream)};
+  const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, a.options.deterministic,
+          device_runs_sm90a() && !variant, static_cast<cudaStream_t>(a.options.stream)};
 }
 
 std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
@@ -65,8 +69,8 @@ int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) 
 }
 
 struct Scratch {
-  std::size_t dsum_bytes, dq_bytes, turn_bytes, dkv_bytes;
-  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + 2 * dkv_bytes; }
+  std::size_t dsum_bytes, dq_bytes, turn_bytes, block_bytes, dkv_bytes;
+  std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + block_bytes + 2 * dkv_bytes; }
 };
 
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
@@ -79,7 +83,7 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t key_rows = std::size_t(rows_k_total(p, a)) * p.heads_kv;
   return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
           ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0,
-          group_parts(p, a, in) > 1 ? round_up(key_rows * cols * sizeof(float)) : 0};
+          block_state_bytes(p, a.block_mask), group_parts(p, a, in) > 1 ? round_up(key_rows * cols * sizeof(float)) : 0};
 }
 
 }  // namespace
@@ -101,7 +105,8 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   const BwdInstance* in = find_instance(pr.dtype, call_hdim(pr));
 
   BwdParams p{};
-  p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes, a.options});
+  p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
+                           a.document_ids_q, a.document_ids_k, a.options});
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
@@ -120,12 +125,14 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.dq_accum = sc.dq_bytes ? reinterpret_cast<float*>(ws.data() + sc.dsum_bytes) : nullptr;
   p.dq_turns = sc.turn_bytes ? reinterpret_cast<int*>(ws.data() + sc.dsum_bytes + sc.dq_bytes) : nullptr;
   if (p.dq_turns) check(cudaMemsetAsync(p.dq_turns, 0, sc.turn_bytes, stream), "cudaMemsetAsync (dQ turns)");
+  char* const blocks = ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes;
+  if (pr.block_sparse()) p.fwd.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(blocks), stream);
   p.rows_k_total = rows_k_total(pr, a);
   p.group_parts = 1;
   if (sc.dkv_bytes) {
     p.group_parts = group_parts(pr, a, in);
-    p.dk_accum = reinterpret_cast<float*>(ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes);
-    p.dv_accum = reinterpret_cast<float*>(ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes + sc.dkv_bytes);
+    p.dk_accum = reinterpret_cast<float*>(blocks + sc.block_bytes);
+    p.dv_accum = reinterpret_cast<float*>(blocks + sc.block_bytes + sc.dkv_bytes);
     check(cudaMemsetAsync(p.dk_accum, 0, 2 * sc.dkv_bytes, stream), "cudaMemsetAsync (dK, dV rows)");
   }
 

@@ -9,8 +9,9 @@
 //   bwd_dq_kernel, the deterministic mode's dQ: one block per (query tile, sequence, head) walks
 //     the key tiles, recomputes dS and keeps dQ in registers (2 more tile products per tile pair
 //     than the atomic mode; no order-dependent sums anywhere).
-// Score modifiers (softcap with its derivative, ALiBi), the mask and dropout (the forward's Philox
-// keep bits, regenerated) follow the forward kernel; only tiles the mask cuts pay for masking.
+// The variant (score transform with softcap's derivative and ALiBi, visibility, the forward's
+// Philox keep bits, regenerated) and the block mask follow the forward kernel: tiles neither leaves
+// in are skipped, and only tiles the mask cuts pay for masking (key_tiles.cuh).
 #pragma once
 
 #include <type_traits>
@@ -21,8 +22,10 @@
 #include "common/mask.hpp"
 #include "common/philox.hpp"
 #include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "cuda/bwd_params.hpp"
 #include "cuda/cute_utils.cuh"
+#include "cuda/key_tiles.cuh"
 
 namespace tileattn::cuda {
 
@@ -106,10 +109,12 @@ __device__ __forceinline__ void add_pair(float* at, float a, float b) {
 #endif
 }
 
-// Where one sequence's rows live, and the mask and modifiers of one head.
+// Where one sequence's rows live and its variant (without ALiBi's slope: BwdHead has the head's
+// score transform).
 struct BwdSeq {
   int q_start, k_start, sq, sk;
   std::int64_t row_base;  // index of the sequence's first query row in the [heads][rows_total] scratch
+  Variant var;
 
   __device__ BwdSeq(const BwdParams& p, int b) {
     const FwdParams& f = p.fwd;
@@ -121,6 +126,7 @@ struct BwdSeq {
       sk = f.cu_k[b + 1] - k_start;
     }
     row_base = f.cu_q != nullptr ? q_start : std::int64_t(b) * f.seqlen_q;
+    var = sequence_variant(f, b, q_start, k_start, sq, sk);
   }
 };
 
@@ -218,11 +224,21 @@ struct TileRows : TileLse<kC>, TileDsum<kC> {
       : TileLse<kC>(c, sLse), TileDsum<kC>(c, sDsum) {}
 };
 
+// What scores_to_pt needs of a visibility rule, for a bare Mask and for a Variant. A Variant's
+// document ids exist only for the sequence's rows (a tile's rows may run past it).
+__device__ __forceinline__ int diag_offset_of(const Mask& m) { return m.diag_offset; }
+__device__ __forceinline__ int diag_offset_of(const Variant& v) { return v.mask.diag_offset; }
+__device__ __forceinline__ int keys_of(const Mask& m) { return m.seqlen_k; }
+__device__ __forceinline__ int keys_of(const Variant& v) { return v.mask.seqlen_k; }
+__device__ __forceinline__ bool sees(const Mask& m, int i, int j) { return m.visible(i, j); }
+__device__ __forceinline__ bool sees(const Variant& v, int i, int j) { return i < v.mask.seqlen_q && v.visible(i, j); }
+
 // S^T (keys x queries, as (rows, cols)) to P^T in place: modifiers (with a softcap, dsc keeps
-// d(score)/d(qk) per element for dS), the mask where `masked`, exp2 against the rows' LSE. Scores
-// in log2 units; the plain kernel folds the scale into the exponent.
-template <bool kMods, class S, class Dsc, class C, class Rows>
-__device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
+// d(score)/d(qk) per element for dS), the mask as `mode` says (vis's element rule, or only the
+// keys past the sequence), exp2 against the rows' LSE. Scores in log2 units; the plain kernel
+// folds the scale into the exponent. Vis: a Mask or a Variant.
+template <bool kMods, class Vis, class S, class Dsc, class C, class Rows>
+__device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Vis& vis, const BwdHead& hd, TileMask mode,
                                              int n0, int m0, S& s, Dsc& dsc, const C& c, const Rows& cols) {
   constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
   if constexpr (kMods) {
@@ -234,17 +250,24 @@ __device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Mask& mas
       for (int j = 0; j < kC; ++j) {
         const float capped = hd.mod.capped(s(i, j));
         if (softcap) dsc(i, j) = hd.mod.dscore(capped);
-        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, mask.diag_offset)) * kLog2e;
+        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, diag_offset_of(vis))) * kLog2e;
       }
     }
   }
-  if (masked) {
+  if (mode == TileMask::rules) {
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {
       const int key = n0 + get<0>(c(i, 0));
       CUTE_UNROLL
       for (int j = 0; j < kC; ++j)
-        if (!mask.visible(m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
+        if (!sees(vis, m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
+    }
+  } else if (mode == TileMask::limit) {
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      if (n0 + get<0>(c(i, 0)) < keys_of(vis)) continue;
+      CUTE_UNROLL
+      for (int j = 0; j < kC; ++j) s(i, j) = -INFINITY;
     }
   }
   const float scale_log2 = kMods ? 1.f : f.scale_log2;
@@ -253,6 +276,13 @@ __device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Mask& mas
     CUTE_UNROLL
     for (int j = 0; j < kC; ++j) s(i, j) = exp2f(fmaf(s(i, j), scale_log2, -cols.lse2[j]));
   }
+}
+
+// The same with a Mask that cuts the tile where `masked`.
+template <bool kMods, class S, class Dsc, class C, class Rows>
+__device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
+                                             int n0, int m0, S& s, Dsc& dsc, const C& c, const Rows& cols) {
+  scores_to_pt<kMods>(f, mask, hd, masked ? TileMask::rules : TileMask::none, n0, m0, s, dsc, c, cols);
 }
 
 // dP^T to dS^T = P^T * (dP^T - D) in place (times d(score)/d(qk) under a softcap), with dropout's
@@ -284,10 +314,10 @@ __device__ __forceinline__ void dpt_to_dst(const FwdParams& f, const BwdHead& hd
 // kept values scaled by 1 / (1 - p); skipped unless kWriteP) and sdSt, in the element type. dS^T
 // leaves out the softmax scale when there is no softcap (the callers apply it once, to dK and dQ).
 // sK, sV, sQ, sdO are the first stage's tiles; koff and qoff (elements) select the stage, added to
-// partitions built once, as no stage offset touches the swizzled bits. `masked`: the tile is cut by
+// partitions built once, as no stage offset touches the swizzled bits. `mode`: how the tile is cut by
 // the mask or the sequence's last key.
 template <class T, bool kMods, bool kWriteP, class SK, class SQ, class SPt>
-__device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask, const BwdHead& hd, bool masked,
+__device__ __forceinline__ void tile_grads(const FwdParams& f, const Variant& var, const BwdHead& hd, TileMask mode,
                                            int n0, int m0, const SK& sK, const SK& sV, int koff, const SQ& sQ,
                                            const SQ& sdO, int qoff, const float* sLse, const float* sDsum, SPt& sPt,
                                            SPt& sdSt, int tid) {
@@ -319,7 +349,7 @@ __device__ __forceinline__ void tile_grads(const FwdParams& f, const Mask& mask,
   Tensor c = make_tensor(cS.data(), rowcol(cS.layout()));
   TileRows<decltype(size<1>(s))::value> cols(c, sLse, sDsum);
   Tensor dsc = make_tensor<float>(shape(s));
-  scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s, dsc, c, cols);
+  scores_to_pt<kMods>(f, var, hd, mode, n0, m0, s, dsc, c, cols);
 
   Tensor acc_dp = partition_fragment_C(mma, TileS{});
   clear(acc_dp);
@@ -381,7 +411,8 @@ __device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, in
                                max_cols);
 }
 
-template <class T, bool kMods, bool kAtomicDq>
+// kMods, kVariant: as in the forward kernel (fwd_kernel.cuh, key_tiles.cuh).
+template <class T, bool kMods, bool kAtomicDq, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
@@ -392,12 +423,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
-  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
   const int n1 = min(n0 + kBlockN, s.sk);
-  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  const Variant var = restricted<kVariant>(s.var);
+  // A block mask's fully visible blocks take no element mask: any row may see these keys.
+  const bool blocks = kVariant && f.blocks.state != nullptr;
+  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
   const int m_lo = row_lo / kBlockM;
   const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
-  const int iters = tiles * f.group;
 
   Element* base = reinterpret_cast<Element*>(smem);
   Tensor sK = make_tensor(make_smem_ptr(base), typename T::SmemLayoutKV{});
@@ -416,14 +448,29 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   const std::int64_t k_row0 = s.k_start + n0;
   load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid);
-  // Iteration t visits head hk * group + t / tiles, query tile m_lo + t % tiles.
-  // Iterations visit the query tiles m_lo.. of each head of the group in turn.
   auto load = [&](int h, int m0, int st) {
     auto q = sQ(st);
     auto d = sdO(st);
     load_query_tile<T>(p, s, b, h, m0, q, d, sLse(st), sDsum(st), tid);
   };
-  if (iters > 0) load(hk * f.group, m_lo * kBlockM, 0);
+  // The (head, query tile) pairs visited, heads of the group in turn, each head's query tiles from
+  // m_lo on; h == h_end: none left.
+  const int h_end = (hk + 1) * f.group, m_end = (m_lo + tiles) * kBlockM;
+  struct Pair {
+    int h, m0;
+    TileMask mode;
+  };
+  auto after = [&](Pair x) {  // the first visited pair after x (without kVariant, the next one)
+    for (;;) {
+      x.m0 += kBlockM;
+      if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
+      if (x.h >= h_end) return x;
+      x.mode = tile_mask<kBlockN, kVariant>(f, var, b, x.h, x.m0, min(x.m0 + kBlockM, s.sq), n0, s.sk);
+      if (!kVariant || x.mode != TileMask::skip) return x;
+    }
+  };
+  Pair pair = tiles > 0 ? after({hk * f.group, (m_lo - 1) * kBlockM, TileMask::skip}) : Pair{h_end, 0, TileMask::skip};
+  if (pair.h < h_end) load(pair.h, pair.m0, 0);
   cp_async_fence();
 
   typename T::MmaKV mma_kv;
@@ -443,21 +490,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   Tensor sQt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(q0.data(), typename T::SmemLayoutQt{}));
   Tensor sdOt_ld = ld_kv_b.get_thread_slice(tid).partition_S(make_tensor(d0.data(), typename T::SmemLayoutQt{}));
 
-  const int m_end = (m_lo + tiles) * kBlockM;
-  for (int t = 0, h = hk * f.group, m0 = m_lo * kBlockM; t < iters; ++t) {
+  for (int t = 0; pair.h < h_end; ++t) {
+    const int h = pair.h, m0 = pair.m0;
+    const Pair next = after(pair);
     const int st = kStages == 2 ? t & 1 : 0;
-    const bool head_done = m0 + kBlockM == m_end;
-    const int h_next = head_done ? h + 1 : h, m0_next = head_done ? m_lo * kBlockM : m0 + kBlockM;
     cp_async_wait<0>();
     __syncthreads();  // this tile's Q, dO, LSE, D have landed; every warp is done with the last tile
-    if (kStages == 2 && t + 1 < iters) {
-      load(h_next, m0_next, st ^ 1);
+    if (kStages == 2 && next.h < h_end) {
+      load(next.h, next.m0, st ^ 1);
       cp_async_fence();
     }
     const BwdHead hd(f, b, h);
-    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
     const int qoff = st * 2 * kTileQ;
-    tile_grads<T, kMods, true>(f, mask, hd, masked, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
+    tile_grads<T, kMods, true>(f, var, hd, pair.mode, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
                                tid);
     __syncthreads();  // P^T and dS^T are in shared memory
 
@@ -471,8 +516,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
     }
     if (kStages == 1) {
       __syncthreads();  // every warp is done with Q and dO
-      if (t + 1 < iters) {
-        load(h_next, m0_next, 0);
+      if (next.h < h_end) {
+        load(next.h, next.m0, 0);
         cp_async_fence();
       }
     }
@@ -492,8 +537,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
         if (row < s.sq - m0) add_pair(dq + row * kHeadDim + dq_column(row0 + row, col), acc_dq(i), acc_dq(i + 1));
       }
     }
-    h = h_next;
-    m0 = m0_next;
+    pair = next;
   }
 
   // dK and dV through the K and V tiles' shared memory. A block whose keys no query row sees ran
@@ -511,7 +555,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tid);
 }
 
-template <class T, bool kMods>
+template <class T, bool kMods, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
@@ -524,11 +568,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   const int m0 = m_block * kBlockM;
   if (m0 >= s.sq) return;
   const int rows = min(kBlockM, s.sq - m0);
-  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
-  const int key_lo = max(mask.block_key_begin(m0), 0);
-  const int key_hi = min(mask.block_key_end(m0 + rows), s.sk);
+  const Variant var = restricted<kVariant>(s.var);
+  const bool blocks = kVariant && f.blocks.state != nullptr;  // any key may be visible (see bwd_dkdv_kernel)
+  const int key_lo = blocks ? 0 : max(var.key_begin(m0), 0);
+  const int key_hi = blocks ? s.sk : min(var.key_end(m0 + rows - 1), s.sk);
   const int n_min = key_lo / kBlockN;
   const int n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
+  auto mode = [&](int n) { return tile_mask<kBlockN, kVariant>(f, var, b, h, m0, m0 + rows, n * kBlockN, s.sk); };
 
   Element* base = reinterpret_cast<Element*>(smem);
   Tensor sQ = make_tensor(make_smem_ptr(base), typename T::SmemLayoutQ{});
@@ -545,7 +591,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   auto load_kv = [&](int n, int st) { load_key_tile<T>(f, s, b, hk, n * kBlockN, sK(st), sV(st), tid); };
 
   load_query_tile<T>(p, s, b, h, m0, sQ, sdO, sLse, sDsum, tid);
-  if (n_max > n_min) load_kv(n_max - 1, 0);
+  Visit t = next_visited<kVariant>(n_max, n_min, mode);
+  if (t.n >= n_min) load_kv(t.n, 0);
   cp_async_fence();
 
   typename T::MmaQ mma_q;
@@ -554,25 +601,26 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   clear(acc_dq);
   const BwdHead hd(f, b, h);
   Tensor k0 = sK(0), v0 = sV(0);
-  for (int n = n_max - 1, t = 0; n >= n_min; --n, ++t) {
-    const int st = kStages == 2 ? t & 1 : 0;
-    const int n0 = n * kBlockN;
+  for (int i = 0; t.n >= n_min; ++i) {
+    const Visit next = next_visited<kVariant>(t.n, n_min, mode);
+    const int st = kStages == 2 ? i & 1 : 0;
+    const int n0 = t.n * kBlockN;
     cp_async_wait<0>();
     __syncthreads();  // K[n], V[n] have landed; every warp is done with the last pair
-    if (kStages == 2 && n > n_min) {
-      load_kv(n - 1, st ^ 1);
+    if (kStages == 2 && next.n >= n_min) {
+      load_kv(next.n, st ^ 1);
       cp_async_fence();
     }
-    const bool masked = !mask.block_full(m0, m0 + rows, n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
     const int koff = st * 2 * kTileKV;
-    tile_grads<T, kMods, false>(f, mask, hd, masked, n0, m0, k0, v0, koff, sQ, sdO, 0, sLse, sDsum, sdSt, sdSt, tid);
+    tile_grads<T, kMods, false>(f, var, hd, t.mode, n0, m0, k0, v0, koff, sQ, sdO, 0, sLse, sDsum, sdSt, sdSt, tid);
     __syncthreads();  // dS^T is in shared memory
     tile_dq<T>(acc_dq, sdSt, k0, koff, tid);
-    if (kStages == 1 && n > n_min) {
+    if (kStages == 1 && next.n >= n_min) {
       __syncthreads();  // every warp is done with K and V
-      load_kv(n - 1, 0);
+      load_kv(next.n, 0);
       cp_async_fence();
     }
+    t = next;
   }
 
   cp_async_wait<0>();  // with no key tile to visit, Q and dO may still be in flight

@@ -65,17 +65,17 @@ void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t
   check_launch(what);
 }
 
-template <class T, bool kMods>
+template <class T, bool kMods, bool kVariant>
 void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
   const dim3 kv_grid((g.max_seqlen_k + T::kBlockN - 1) / T::kBlockN, g.batch, g.heads_kv);
   if (g.deterministic) {
-    launch_kernel(bwd_dkdv_kernel<T, kMods, false>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
+    launch_kernel(bwd_dkdv_kernel<T, kMods, false, kVariant>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
                   "launching the backward dK/dV kernel");
     const dim3 q_grid((g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, g.batch, g.heads_q);
-    launch_kernel(bwd_dq_kernel<T, kMods>, q_grid, T::kThreads, T::kSmemDq, g.stream, p,
+    launch_kernel(bwd_dq_kernel<T, kMods, kVariant>, q_grid, T::kThreads, T::kSmemDq, g.stream, p,
                   "launching the backward dQ kernel");
   } else {
-    launch_kernel(bwd_dkdv_kernel<T, kMods, true>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
+    launch_kernel(bwd_dkdv_kernel<T, kMods, true, kVariant>, kv_grid, T::kThreads, T::kSmemDkdv, g.stream, p,
                   "launching the backward dK/dV kernel");
   }
 }
@@ -109,10 +109,12 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   }
 #endif
   using T = typename BwdConfig<E, kHeadDim>::type;
+  if (g.variant)
+    return g.mods ? launch_bwd_traits<T, true, true>(p, g) : launch_bwd_traits<T, false, true>(p, g);
   if (g.mods)
-    launch_bwd_traits<T, true>(p, g);
+    launch_bwd_traits<T, true, false>(p, g);
   else
-    launch_bwd_traits<T, false>(p, g);
+    launch_bwd_traits<T, false, false>(p, g);
 }
 
 }  // namespace tileattn::cuda

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "core/backends.hpp"
+#include "cuda/block_state.hpp"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/fwd_launch.hpp"
 
@@ -76,20 +77,42 @@ std::string check_attention(const Problem& p, const char* what, int instance_hdi
   return {};
 }
 
+// The variant's tensors (document ids, the block mask) in this device's memory, and block sizes
+// the kernels' tiles divide: every kernel tile then meets one cell of the mask.
+std::string check_variant(const Problem& p, const TensorView& doc_q, const TensorView& doc_k, const BlockMask& m) {
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"document_ids_q", &doc_q}, {"document_ids_k", &doc_k}, {"block_mask.kv_num_blocks", &m.kv_num_blocks},
+      {"block_mask.kv_indices", &m.kv_indices}, {"block_mask.full_kv_num_blocks", &m.full_kv_num_blocks},
+      {"block_mask.full_kv_indices", &m.full_kv_indices}};
+  for (const auto& [name, t] : all)
+    if (auto msg = where_is(name, *t); !msg.empty()) return msg;
+  if (p.block_sparse() && (p.block_q % kBlockMaskTile != 0 || p.block_k % kBlockMaskTile != 0)) {
+    std::ostringstream os;
+    os << "block_mask.block_q = " << p.block_q << ", block_mask.block_k = " << p.block_k
+       << ": the cuda backend takes block sizes that are multiples of " << kBlockMaskTile;
+    return os.str();
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string check_forward(const Problem& p, const ForwardArgs& a) {
-  return check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
-                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
-                          {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
-                          {"alibi_slopes", &a.alibi_slopes}});
+  std::string why =
+      check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                      {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
+                       {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
+                       {"alibi_slopes", &a.alibi_slopes}});
+  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask) : why;
 }
 
 std::string check_backward(const Problem& p, const BackwardArgs& a) {
-  return check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
-                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
-                          {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+  std::string why =
+      check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                      {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
+                       {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                       {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
+  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask) : why;
 }
 
 std::string check_decode(const Problem& p, const DecodeArgs& a) {

@@ -5,6 +5,7 @@
 
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
+#include "cuda/block_state.hpp"
 #include "cuda/fwd_launch.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
@@ -42,26 +43,33 @@ int forward_instance_hdim(DType dtype, int hdim) {
 // Masks and varlen make some work tiles cheaper than others: the Hopper kernel then has its blocks
 // claim tiles from a counter in the call's scratch (tile_scheduler.cuh).
 bool claims_tiles(const Problem& pr) {
-  return device_runs_sm90a() && (pr.varlen || pr.window_left >= 0 || pr.window_right >= 0);
+  return device_runs_sm90a() && (pr.varlen || pr.window_left >= 0 || pr.window_right >= 0 || pr.chunk > 0 ||
+                                 pr.documents || pr.block_sparse());
 }
+
+// The call's scratch: the tile counter (where claimed), then the block mask's cells.
+std::size_t counter_bytes(const Problem& pr) { return claims_tiles(pr) ? kTileCounterBytes : 0; }
 
 std::size_t workspace_size(const Problem& pr, const ForwardArgs& a) {
   DeviceGuard device(a.q.device.index);
-  return reported_bytes(claims_tiles(pr) ? kTileCounterBytes : 0);
+  return reported_bytes(counter_bytes(pr) + block_state_bytes(pr, a.block_mask));
 }
 
 void forward(const Problem& pr, const ForwardArgs& a) {
   if (pr.batch == 0 || pr.seqlen_q == 0 || pr.heads_q == 0) return;
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
-  const FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k,
-                                        a.alibi_slopes, a.options});
+  FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
+                                  a.document_ids_q, a.document_ids_k, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
-  const bool claims = claims_tiles(pr);
-  Workspace ws(a.options, claims ? kTileCounterBytes : 0, stream);
+  const std::size_t counter = counter_bytes(pr);
+  Workspace ws(a.options, counter + block_state_bytes(pr, a.block_mask), stream);
+  if (pr.block_sparse())
+    p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
-                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f), device_runs_sm90a(),
-                  claims ? reinterpret_cast<int*>(ws.data()) : nullptr, stream};
+                  pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
+                  pr.chunk > 0 || pr.documents || pr.block_sparse(), device_runs_sm90a(),
+                  pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr, stream};
   in->launch(p, g);
 }
 

@@ -3,8 +3,8 @@
 // S = Q K^T and the next K's load overlapping the softmax and O += P V. Each warp owns 16-row
 // slices of the query tile, so the softmax needs no inter-warp reduction, and P goes from the
 // S accumulators straight into the A operand registers of the P V product.
-// Key tiles are visited from the last to the first; tiles outside the mask's band are skipped and
-// only tiles the mask cuts pay for masking.
+// Key tiles are visited from the last to the first; tiles the variant or the block mask leaves out
+// are skipped and only tiles the mask cuts pay for masking (key_tiles.cuh).
 #pragma once
 
 #include <type_traits>
@@ -12,10 +12,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "common/mask.hpp"
+#include "common/variant.hpp"
 #include "cuda/cute_utils.cuh"
 #include "cuda/fwd_params.hpp"
 #include "cuda/fwd_tile.cuh"
+#include "cuda/key_tiles.cuh"
 #include "cuda/online_softmax.cuh"
 #include "cuda/score_tile.cuh"
 
@@ -56,20 +57,21 @@ struct FwdTraits {
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
 };
 
-// kMods: the kernel with softcap, ALiBi and dropout; without it scores stay raw and the softmax
-// folds the scale into its exponent. kEvenK: both head dims equal the tile's, no column checks.
-template <class T, bool kMods, bool kEvenK>
+// kMods: the kernel with the variant's score transform (softcap, ALiBi) and dropout; without it
+// scores stay raw and the softmax folds the scale into its exponent. kEvenK: both head dims equal
+// the tile's, no column checks. kVariant: the kernel that takes chunks, document ids and block
+// masks (key_tiles.cuh).
+template <class T, bool kMods, bool kEvenK, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim;
   extern __shared__ __align__(128) char smem[];
 
   // The longest causal tiles start first.
-  const FwdTile g = fwd_tile<kBlockM, kBlockN>(p, int(gridDim.x) - 1 - int(blockIdx.x), blockIdx.y, blockIdx.z);
+  FwdTile g = fwd_tile<kBlockM, kBlockN, kVariant>(p, int(gridDim.x) - 1 - int(blockIdx.x), blockIdx.y, blockIdx.z);
   if (!g.has_rows()) return;
   const int b = g.b, h = g.h, hk = g.hk, q_start = g.q_start, k_start = g.k_start, sq = g.sq, sk = g.sk;
-  const int m_block = g.m_block, m0 = g.m0, rows = g.rows, n_min = g.n_min, n_max = g.n_max;
-  const Mask& mask = g.mask;
+  const int m_block = g.m_block, m0 = g.m0, rows = g.rows, n_min = g.n_min;
   const int tid = threadIdx.x;
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch + std::int64_t(q_start) * p.q_row + h * p.q_head;
@@ -152,7 +154,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
 
   OnlineSoftmax<kRows> softmax;
   clear(acc_o);
-  if (n_max <= n_min) {  // no row of this tile sees a key
+  const Visit top = g.next<kBlockN, kVariant>(p, g.n_max);
+  if (top.n < n_min) {  // no row of this tile sees a key
     float lse[kRows];
     softmax.finish(acc_o_rc, 1.f, 1.f, lse);
     store_tile(lse);
@@ -160,20 +163,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
   }
 
   copy_tile<true, !kEvenK, true>(gload, tQg, tQs, tQc, rows, p.d_qk);
-  copy_tile<true, !kEvenK, true>(gload, tKg(_, _, _, n_max - 1), tKs, tKVc, sk - (n_max - 1) * kBlockN, p.d_qk);
+  copy_tile<true, !kEvenK, true>(gload, tKg(_, _, _, top.n), tKs, tKVc, sk - top.n * kBlockN, p.d_qk);
   cp_async_fence();
 
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
-  ScoreMod mod{p.scale, p.softcap, 0.f};
   if constexpr (kMods) {
-    if (p.alibi != nullptr) mod.alibi = p.alibi[b * p.alibi_batch + h * p.alibi_head];
+    if (p.alibi != nullptr) g.var.score.alibi = p.alibi[b * p.alibi_batch + h * p.alibi_head];
   }
+  const Variant& var = g.var;
   const unsigned bh = unsigned(b * p.heads_q + h);
 
   // One key tile. kMasked: the mask cuts the tile (or it is the last, partial one), so scores are
-  // masked and V's rows are checked; whole tiles run a body without either. K[n - 1] lies below
+  // masked and V's rows are checked; whole tiles run a body without either. K[next] lies below
   // K[n], so all its rows exist.
-  auto key_tile = [&](auto masked, int n) __attribute__((always_inline)) {
+  auto key_tile = [&](auto masked, int n, int next, TileMask mode) __attribute__((always_inline)) {
     constexpr bool kMasked = decltype(masked)::value;
     const int col0 = n * kBlockN;
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -186,21 +189,26 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     gemm_ss(acc_s, rQ, rK, sQ_ld, sK_ld, mma, ldsm_q, ldsm_k, tid);
 
     Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
-    if constexpr (kMods) apply_score_mod(s, cS_rc, mod, m0, col0, mask.diag_offset);
+    if constexpr (kMods) apply_score_mod(s, cS_rc, var, m0, col0);
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done with K[n]
-    if (n > n_min) {
-      copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, n - 1), tKs, tKVc, 0, p.d_qk);
+    if (next >= n_min) {
+      copy_tile<false, !kEvenK, true>(gload, tKg(_, _, _, next), tKs, tKVc, 0, p.d_qk);
       cp_async_fence();
     }
 
     // Masked after the barrier: ahead of it the compiler hoists the compares above the product and
     // packs the predicates into bit masks.
-    if constexpr (kMasked) apply_mask(s, cS_rc, mask, m0, col0);
+    if constexpr (kMasked) {
+      if (!kVariant || mode == TileMask::rules)
+        apply_mask(s, cS_rc, var, m0, col0);
+      else
+        apply_key_limit(s, cS_rc, sk - col0);
+    }
     softmax.update(s, acc_o_rc, scale_log2);
     if constexpr (kMods) {
-      if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, m0, col0);
+      if (p.dropout) apply_dropout(s, cS_rc, var.drop, bh, m0, col0);
     }
 
     Tensor rP = convert<Element>(acc_s);
@@ -208,17 +216,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_consta
     gemm_rs(acc_o, rP_a, rVt, sVt_ld, mma, ldsm_v, tid);
   };
 
-  // Key tiles from the last to the first; only tiles the mask cuts pay for masking. The modifiers'
-  // kernel keeps one body (masking every tile): two spilled twice as much there.
-  for (int n = n_max - 1; n >= n_min; --n) {
-    if (!kMods && mask.block_full(m0, m0 + rows, n * kBlockN, (n + 1) * kBlockN))
-      key_tile(false_type{}, n);
+  // Key tiles from the last visited to the first; only tiles the mask cuts pay for masking. The
+  // modifiers' kernel keeps one body (masking every tile): two spilled twice as much there.
+  for (Visit t = top; t.n >= n_min;) {
+    const Visit next = g.next<kBlockN, kVariant>(p, t.n);
+    if (!kMods && t.mode == TileMask::none)
+      key_tile(false_type{}, t.n, next.n, t.mode);
     else
-      key_tile(true_type{}, n);
+      key_tile(true_type{}, t.n, next.n, t.mode);
+    t = next;
   }
 
   float lse[kRows];
-  softmax.finish(acc_o_rc, scale_log2, kMods && p.dropout ? p.drop.keep_scale : 1.f, lse);
+  softmax.finish(acc_o_rc, scale_log2, kMods && var.dropout ? var.drop.keep_scale : 1.f, lse);
   store_tile(lse);
 }
 

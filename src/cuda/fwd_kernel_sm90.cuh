@@ -23,7 +23,8 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
-template <class T, bool kMods>
+// kMods, kVariant: as in fwd_kernel.cuh.
+template <class T, bool kMods, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ FwdTmaSm90<T> tma,
                     const __grid_constant__ TileScheduler sched) {
@@ -74,9 +75,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       bars.tile_full[i & 1].arrive();
       if (!sched.valid(t)) break;
       const auto w = sched.tile(t);
-      const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN>(p, w.m_block, w.b, w.h);
-      if (!g.has_rows() || !g.has_keys()) continue;
-      fwd_sm90_load<T>(tma, g, sQ, sK, sV, pk, pv, st, bars, q_loads);
+      const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN, kVariant>(p, w.m_block, w.b, w.h);
+      if (!g.has_rows() || !g.has_keys<T::kBlockN, kVariant>(p)) continue;
+      fwd_sm90_load<T, kVariant>(p, tma, g, sQ, sK, sV, pk, pv, st, bars, q_loads);
       ++q_loads;
     }
   } else {
@@ -93,9 +94,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       bars.tile_empty[i & 1].arrive();
       if (!sched.valid(t)) break;
       const auto w = sched.tile(t);
-      const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN>(p, w.m_block, w.b, w.h);
+      const FwdTile g = fwd_tile<T::kBlockM, T::kBlockN, kVariant>(p, w.m_block, w.b, w.h);
       if (!g.has_rows()) continue;
-      if (!g.has_keys()) {
+      if (!g.has_keys<T::kBlockN, kVariant>(p)) {
         fwd_sm90_store_empty<T>(p, g, tc);
         continue;
       }
@@ -104,10 +105,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
       OnlineSoftmax<kRows> softmax;
       clear(acc_o);
-      fwd_sm90_mma<T, kMods>(p, g, sQ, sK, sV, sVt, pk, pv, st, bars, q_loads & 1, acc_o, softmax, tc);
+      fwd_sm90_mma<T, kMods, kVariant>(p, g, sQ, sK, sV, sVt, pk, pv, st, bars, q_loads & 1, acc_o, softmax, tc);
       ++q_loads;
       float lse[kRows];
-      softmax.finish(acc_o_rc, kMods ? 1.f : p.scale_log2, kMods && p.dropout ? p.drop.keep_scale : 1.f, lse);
+      softmax.finish(acc_o_rc, kMods ? 1.f : p.scale_log2, kMods && g.var.dropout ? g.var.drop.keep_scale : 1.f, lse);
       fwd_sm90_store<T>(p, g, acc_o, lse, sO, tc);
     }
   }

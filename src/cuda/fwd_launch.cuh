@@ -61,20 +61,25 @@ void launch_kernel(Kernel kernel, const FwdParams& p, const FwdGrid& g) {
 }
 
 // The modifiers' kernel keeps its column checks: it is not the one that must be fast.
+template <class T, bool kVariant>
+void launch_portable_as(const FwdParams& p, const FwdGrid& g) {
+  if (g.mods)
+    launch_kernel<T>(fwd_kernel<T, true, false, kVariant>, p, g);
+  else if (p.d_qk == T::kHeadDim && p.d_v == T::kHeadDim)
+    launch_kernel<T>(fwd_kernel<T, false, true, kVariant>, p, g);
+  else
+    launch_kernel<T>(fwd_kernel<T, false, false, kVariant>, p, g);
+}
+
 template <class T>
 void launch_portable(const FwdParams& p, const FwdGrid& g) {
-  if (g.mods)
-    launch_kernel<T>(fwd_kernel<T, true, false>, p, g);
-  else if (p.d_qk == T::kHeadDim && p.d_v == T::kHeadDim)
-    launch_kernel<T>(fwd_kernel<T, false, true>, p, g);
-  else
-    launch_kernel<T>(fwd_kernel<T, false, false>, p, g);
+  g.variant ? launch_portable_as<T, true>(p, g) : launch_portable_as<T, false>(p, g);
 }
 
 // One persistent block per SM (fewer when there are fewer tiles); TMA needs no column checks.
-template <class T, bool kMods>
-void launch_sm90(const FwdParams& p, const FwdGrid& g) {
-  auto kernel = fwd_kernel_sm90<T, kMods>;
+template <class T, bool kMods, bool kVariant>
+void launch_sm90_as(const FwdParams& p, const FwdGrid& g) {
+  auto kernel = fwd_kernel_sm90<T, kMods, kVariant>;
   throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
            "raising the kernel's shared-memory limit");
   const FwdTmaSm90<T> tma = make_fwd_tma<T>(p, g.batch);
@@ -90,6 +95,18 @@ void launch_sm90(const FwdParams& p, const FwdGrid& g) {
   throw_on(cudaGetLastError(), "launching the forward kernel");
 }
 
+template <class T>
+void launch_sm90(const FwdParams& p, const FwdGrid& g) {
+  if (g.variant) return g.mods ? launch_sm90_as<T, true, true>(p, g) : launch_sm90_as<T, false, true>(p, g);
+  g.mods ? launch_sm90_as<T, true, false>(p, g) : launch_sm90_as<T, false, false>(p, g);
+}
+
+// Whether a kernel's tiles lie within the block mask's blocks (each tile meets one cell).
+template <class T>
+bool tiles_fit_blocks(const FwdGrid& g) {
+  return g.block_q % T::kBlockM == 0 && g.block_k % T::kBlockN == 0;
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
@@ -98,10 +115,9 @@ void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   using Tall = typename FwdConfigSm90Tall<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<Tall>) {
     const bool masked = g.tile_counter != nullptr;  // a mask or varlen: the tiles differ in cost
-    if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048))
-      return g.mods ? launch_sm90<Tall, true>(p, g) : launch_sm90<Tall, false>(p, g);
+    if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048) && tiles_fit_blocks<Tall>(g)) return launch_sm90<Tall>(p, g);
   }
-  if (g.sm90a) return g.mods ? launch_sm90<H, true>(p, g) : launch_sm90<H, false>(p, g);
+  if (g.sm90a && tiles_fit_blocks<H>(g)) return launch_sm90<H>(p, g);
 #endif
   launch_portable<typename FwdConfig<E, kHeadDim>::type>(p, g);
 }

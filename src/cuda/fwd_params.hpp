@@ -3,10 +3,27 @@
 
 #include <cstdint>
 
+#include "common/hd.hpp"
 #include "common/mask.hpp"
 #include "common/philox.hpp"
+#include "common/variant.hpp"
 
 namespace tileattn::cuda {
+
+// A block mask (ForwardArgs::block_mask) as the kernels read it: one byte per (mask batch, mask head,
+// query block, key block) cell, 0 skipped, 1 partly visible (the variant's element mask applies),
+// 2 fully visible (no element mask), scattered from the caller's lists before the kernels run
+// (block_state.cu). Dims 0 and 1 of the mask may be 1 (shared by every sequence or head).
+struct BlockState {
+  const unsigned char* state;  // [batches][heads][qblocks][kblocks]; nullptr: no block mask
+  int batches, heads, qblocks, kblocks, block_q, block_k;
+
+  // The cells of query block qb of (sequence b, query head h), one per key block.
+  TA_HD const unsigned char* row(int b, int h, int qb) const {
+    const std::int64_t mb = batches == 1 ? 0 : b, mh = heads == 1 ? 0 : h;
+    return state + ((mb * heads + mh) * qblocks + qb) * std::int64_t(kblocks);
+  }
+};
 
 struct FwdParams {
   const void *q, *k, *v;
@@ -30,6 +47,29 @@ struct FwdParams {
   std::int64_t alibi_batch, alibi_head;
   bool dropout;
   Dropout drop;
+  int chunk;                        // chunked-local attention; 0 = off
+  const int *doc_q, *doc_k;         // document ids; nullptr: none
+  std::int64_t doc_q_batch, doc_q_row, doc_k_batch, doc_k_row;
+  BlockState blocks;                // block-sparse: the mask's cells; blocks.state == nullptr: none
 };
+
+// The variant of sequence b (rows from q_start, keys from k_start; sq x sk), without ALiBi's slope
+// (per head: Variant::with_slope). Built from the host-resolved fields above.
+TA_HD Variant sequence_variant(const FwdParams& p, int b, int q_start, int k_start, int sq, int sk) {
+  Variant v;
+  v.mask = Mask(sq, sk, p.bottom_right, p.window_left, p.window_right);
+  v.chunk = p.chunk;
+  v.score = ScoreMod{p.scale, p.softcap, 0.f};
+  v.alibi = p.alibi != nullptr;
+  v.dropout = p.dropout;
+  v.drop = p.drop;
+  if (p.doc_q != nullptr) {
+    v.doc_q = p.doc_q + b * p.doc_q_batch + std::int64_t(q_start) * p.doc_q_row;
+    v.doc_k = p.doc_k + b * p.doc_k_batch + std::int64_t(k_start) * p.doc_k_row;
+    v.doc_q_stride = p.doc_q_row;
+    v.doc_k_stride = p.doc_k_row;
+  }
+  return v;
+}
 
 }  // namespace tileattn::cuda

@@ -22,6 +22,7 @@
 #include "cuda/cute_utils.cuh"
 #include "cuda/fwd_params.hpp"
 #include "cuda/fwd_tile.cuh"
+#include "cuda/key_tiles.cuh"
 #include "cuda/online_softmax.cuh"
 #include "cuda/score_tile.cuh"
 #include "cuda/tma_view.cuh"
@@ -121,11 +122,12 @@ FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
           q.shape(), k.shape(), v.shape()};
 }
 
-// The producer thread's loads for one tile with keys, in the order the consumers use them:
-// K[top], Q, then K[n - 1] beside V[n], and V[n_min] last. q_loads counts the Q loads before this
-// one (the phase of Q's barriers).
-template <class T, class SQ, class SKV>
-__device__ __forceinline__ void fwd_sm90_load(const FwdTmaSm90<T>& tma, const FwdTile& g, SQ& sQ, SKV& sK, SKV& sV,
+// The producer thread's loads for one tile with keys, in the order the consumers use them, over
+// the key tiles the tile visits (from the top down): K[top], Q, then K[next] beside V[n], and the
+// last visited V last. q_loads counts the Q loads before this one (the phase of Q's barriers).
+template <class T, bool kVariant, class SQ, class SKV>
+__device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm90<T>& tma, const FwdTile& g, SQ& sQ,
+                                              SKV& sK, SKV& sV,
                                               typename T::Pipeline& pk, typename T::Pipeline& pv,
                                               cutlass::PipelineState<T::kStages>& st,
                                               FwdBarriersSm90<T::kStages>& bars, int q_loads) {
@@ -157,17 +159,19 @@ __device__ __forceinline__ void fwd_sm90_load(const FwdTmaSm90<T>& tma, const Fw
     copy(tma.v.with(*pv.producer_get_barrier(s), 0), tVg(_, _, _, n), tVs(_, _, _, s.index()));
   };
 
-  load_k(g.n_max - 1);
+  Visit t = g.next<T::kBlockN, kVariant>(p, g.n_max);
+  load_k(t.n);
   if (q_loads > 0) bars.q_empty.wait((q_loads - 1) & 1);
   bars.q_full.arrive_and_expect_tx(T::kTileQBytes);
   copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.q_full), 0), tQg, tQs);
-  for (int n = g.n_max - 1; n > g.n_min; --n) {
+  for (Visit next = g.next<T::kBlockN, kVariant>(p, t.n); next.n >= g.n_min;
+       t = next, next = g.next<T::kBlockN, kVariant>(p, t.n)) {
     const auto sv = st;
     ++st;
-    load_k(n - 1);
-    load_v(n, sv);
+    load_k(next.n);
+    load_v(t.n, sv);
   }
-  load_v(g.n_min, st);
+  load_v(t.n, st);
   ++st;
 }
 
@@ -186,9 +190,9 @@ __device__ __forceinline__ void zero_v_rows(SV&& sV, int first, int tw, int wg) 
 }
 
 // One consumer warpgroup's work on a tile with keys: O (unnormalized) in acc_o and the row
-// statistics in softmax. Key tiles are visited from the last to the first; only tiles the mask
-// cuts pay for masking. st is the pipelines' read state; q_phase the phase of Q's barrier.
-template <class T, bool kMods, class SQ, class SKV, class SVt, class AccO, class Softmax>
+// statistics in softmax. Key tiles are visited from the last to the first (those the tile visits);
+// only tiles the mask cuts pay for masking. st is the pipelines' read state; q_phase the phase of Q's barrier.
+template <class T, bool kMods, bool kVariant, class SQ, class SKV, class SVt, class AccO, class Softmax>
 __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& g, SQ& sQ, SKV& sK, SKV& sV, SVt& sVt,
                                              typename T::Pipeline& pk, typename T::Pipeline& pv,
                                              cutlass::PipelineState<T::kStages>& st,
@@ -209,9 +213,9 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
 
   const float scale_log2 = kMods ? 1.f : p.scale_log2;
-  ScoreMod mod{p.scale, p.softcap, 0.f};
+  Variant scored = g.var;  // the score transform, with the head's ALiBi slope (kMods only)
   if constexpr (kMods) {
-    if (p.alibi != nullptr) mod.alibi = p.alibi[g.b * p.alibi_batch + g.h * p.alibi_head];
+    if (p.alibi != nullptr) scored.score.alibi = p.alibi[g.b * p.alibi_batch + g.h * p.alibi_head];
   }
   const unsigned bh = unsigned(g.b * p.heads_q + g.h);
 
@@ -220,25 +224,30 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   float corr[decltype(size<0>(s))::value];
-  auto probabilities = [&](auto masked, int n) __attribute__((always_inline)) {
-    const int col0 = n * kBlockN;
-    if constexpr (kMods) apply_score_mod(s, cS_rc, mod, g.m0, col0, g.mask.diag_offset);
-    if constexpr (decltype(masked)::value) apply_mask(s, cS_rc, g.mask, g.m0, col0);
+  auto probabilities = [&](auto masked, const Visit& t) __attribute__((always_inline)) {
+    const int col0 = t.n * kBlockN;
+    if constexpr (kMods) apply_score_mod(s, cS_rc, scored, g.m0, col0);
+    if constexpr (decltype(masked)::value) {
+      if (!kVariant || t.mode == TileMask::rules)
+        apply_mask(s, cS_rc, g.var, g.m0, col0);
+      else
+        apply_key_limit(s, cS_rc, g.sk - col0);
+    }
     const bool grow = softmax.move_max(s, scale_log2, corr);
     softmax.exponentiate(s, scale_log2);
     if constexpr (kMods) {
-      if (p.dropout) apply_dropout(s, cS_rc, p.drop, bh, g.m0, col0);
+      if (g.var.dropout) apply_dropout(s, cS_rc, g.var.drop, bh, g.m0, col0);
     }
     return grow;
   };
-  auto scores_to_p = [&](int n) __attribute__((always_inline)) {
+  auto scores_to_p = [&](const Visit& t) __attribute__((always_inline)) {
     // The modifiers' kernel keeps one body: two spilled twice as much in the portable kernel.
-    if (!kMods && g.mask.block_full(g.m0, g.m0 + g.rows, n * kBlockN, (n + 1) * kBlockN))
-      return probabilities(false_type{}, n);
-    return probabilities(true_type{}, n);
+    if (!kMods && t.mode == TileMask::none) return probabilities(false_type{}, t);
+    return probabilities(true_type{}, t);
   };
 
-  const int top = g.n_max - 1;
+  Visit t = g.next<kBlockN, kVariant>(p, g.n_max);
+  const int top = t.n;
   // Varlen: the last tile's rows past the sequence come from the next one (see zero_v_rows).
   const int v_past_end = p.cu_k != nullptr ? g.sk - top * kBlockN : kBlockN;
   bars.q_full.wait(q_phase);
@@ -246,32 +255,33 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   gemm_wg<true>(mma_s, dQ, dK(_, _, _, st.index()), acc_s);
   warpgroup_wait<0>();
   pk.consumer_release(st);
-  scores_to_p(top);  // O is still zero: nothing to rescale
+  scores_to_p(t);  // O is still zero: nothing to rescale
   Tensor rP = convert<Element>(acc_s);
   Tensor rP_a = make_tensor(rP.data(), acc_as_a(rP.layout()));
 
-  for (int n = top; n > g.n_min; --n) {
-    const auto sv = st;  // V[n]'s stage; K[n - 1] is in the next one
+  for (Visit next = g.next<kBlockN, kVariant>(p, t.n); next.n >= g.n_min;
+       t = next, next = g.next<kBlockN, kVariant>(p, t.n)) {
+    const auto sv = st;  // V[t]'s stage; K[next] is in the next one
     ++st;
     pk.consumer_wait(st);
     cutlass::arch::NamedBarrier::sync(2 * 128, kBarrierTurn + wg);
     gemm_wg<true>(mma_s, dQ, dK(_, _, _, st.index()), acc_s);
     pv.consumer_wait(sv);
-    if (n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, sv.index()), v_past_end, tw, wg);
+    if (t.n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, sv.index()), v_past_end, tw, wg);
     gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, sv.index()), acc_o);
     cutlass::arch::NamedBarrier::arrive(2 * 128, kBarrierTurn + (wg + 1) % T::kWarpGroups);
-    warpgroup_wait<1>();  // S[n - 1] is done; O's product runs on
+    warpgroup_wait<1>();  // S[next] is done; O's product runs on
     pk.consumer_release(st);
-    const bool grow = scores_to_p(n - 1);
+    const bool grow = scores_to_p(next);
     warpgroup_wait<0>();
     pv.consumer_release(sv);
-    warpgroup_fence_operand(rP);  // P[n]'s registers are free only now
+    warpgroup_fence_operand(rP);  // P[t]'s registers are free only now
     if (grow) softmax.rescale(acc_o_rc, corr);
     copy(convert<Element>(acc_s), rP);
   }
   bars.q_empty.arrive();  // the last S product has completed
   pv.consumer_wait(st);
-  if (top == g.n_min && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, st.index()), v_past_end, tw, wg);
+  if (t.n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, st.index()), v_past_end, tw, wg);
   gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, st.index()), acc_o);
   warpgroup_wait<0>();
   pv.consumer_release(st);

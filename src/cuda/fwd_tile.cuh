@@ -1,12 +1,14 @@
 // Where one forward work tile (a query tile of one sequence and head) lies: its rows, the
-// sequence's bounds and mask, and the range of key tiles it must visit. Every forward kernel and
+// sequence's bounds and variant, and the range of key tiles it may visit (key_tiles.cuh says which
+// of them it does and how each is masked). Every forward kernel and
 // every role inside one (the Hopper kernel's producer and consumers) derives it the same way.
 #pragma once
 
 #include <cute/tensor.hpp>
 
-#include "common/mask.hpp"
+#include "common/variant.hpp"
 #include "cuda/fwd_params.hpp"
+#include "cuda/key_tiles.cuh"
 
 namespace tileattn::cuda {
 
@@ -16,13 +18,28 @@ struct FwdTile {
   int sq, sk;            // the sequence's lengths
   int m0, rows;          // the tile's first query row and how many of its rows exist (<= 0: none)
   int n_min, n_max;      // key tiles [n_min, n_max) hold every key a row of the tile sees
-  Mask mask;
+  Variant var;           // without ALiBi's slope; restricted<kVariant>
 
   __device__ bool has_rows() const { return rows > 0; }
-  __device__ bool has_keys() const { return n_max > n_min; }
+  // How the tile meets key tile n.
+  template <int kBlockN, bool kVariant>
+  __device__ __forceinline__ TileMask mask(const FwdParams& p, int n) const {
+    return tile_mask<kBlockN, kVariant>(p, var, b, h, m0, m0 + rows, n * kBlockN, sk);
+  }
+  // Whether the tile visits any key tile.
+  template <int kBlockN, bool kVariant>
+  __device__ __forceinline__ bool has_keys(const FwdParams& p) const {
+    return next<kBlockN, kVariant>(p, n_max).n >= n_min;
+  }
+  // The highest key tile below n the tile visits; n < n_min: none.
+  template <int kBlockN, bool kVariant>
+  __device__ __forceinline__ Visit next(const FwdParams& p, int n) const {
+    return next_visited<kVariant>(n, n_min, [&](int t) { return mask<kBlockN, kVariant>(p, t); });
+  }
 };
 
-template <int kBlockM, int kBlockN>
+// kVariant: as in key_tiles.cuh.
+template <int kBlockM, int kBlockN, bool kVariant>
 __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int b, int h) {
   FwdTile t;
   t.m_block = m_block;
@@ -38,11 +55,13 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   }
   t.m0 = m_block * kBlockM;
   t.rows = min(kBlockM, t.sq - t.m0);
-  t.mask = Mask(t.sq, t.sk, p.bottom_right, p.window_left, p.window_right);
+  t.var = restricted<kVariant>(sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk));
   t.n_min = t.n_max = 0;
   if (t.rows > 0) {
-    const int key_lo = max(t.mask.block_key_begin(t.m0), 0);
-    const int key_hi = min(t.mask.block_key_end(t.m0 + t.rows), t.sk);
+    // A block mask's fully visible blocks take no element mask: any key may be visible.
+    const bool blocks = kVariant && p.blocks.state != nullptr;
+    const int key_lo = blocks ? 0 : max(t.var.key_begin(t.m0), 0);
+    const int key_hi = blocks ? t.sk : min(t.var.key_end(t.m0 + t.rows - 1), t.sk);
     t.n_min = key_lo / kBlockN;
     t.n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : t.n_min;
   }

@@ -111,19 +111,27 @@ Workspace::~Workspace() {
 }
 
 std::vector<std::int32_t> read_i32(const TensorView& t) {
-  // Copy the span the view covers, then gather in logical order on the host.
-  const std::int64_t rows = t.ndim == 2 ? t.shape[0] : 1, cols = t.shape[t.ndim - 1];
-  const std::int64_t rs = t.ndim == 2 ? t.stride[0] : 0, cs = t.stride[t.ndim - 1];
+  // Copy the span the view covers (from its lowest address: strides may be negative), then gather
+  // in logical order on the host.
   std::vector<std::int32_t> out;
-  if (rows * cols == 0) return out;
-  const std::int64_t span = (rows - 1) * rs + (cols - 1) * cs + 1;
-  std::vector<std::int32_t> raw(span);
+  const std::int64_t n = t.numel();
+  if (n == 0) return out;
+  std::int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.ndim; ++d) (t.stride[d] < 0 ? lo : hi) += (t.shape[d] - 1) * t.stride[d];
+  std::vector<std::int32_t> raw(hi - lo + 1);
   DeviceGuard device(t.device.index);
-  check(cudaMemcpy(raw.data(), t.data, span * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
+  check(cudaMemcpy(raw.data(), static_cast<const std::int32_t*>(t.data) + lo, raw.size() * sizeof(std::int32_t),
+                   cudaMemcpyDeviceToHost),
         "cudaMemcpy (reading index tensors to check them; see Options::check_device_indices)");
-  out.reserve(rows * cols);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out.push_back(raw[r * rs + c * cs]);
+  out.reserve(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t at = -lo;
+    for (std::int64_t d = t.ndim - 1, rest = i; d >= 0; --d) {
+      at += rest % t.shape[d] * t.stride[d];
+      rest /= t.shape[d];
+    }
+    out.push_back(raw[at]);
+  }
   return out;
 }
 

@@ -1,41 +1,67 @@
-// Score-tile passes shared by the forward kernels: score modifiers, the mask and dropout applied
-// to an accumulator seen as (rows, cols), with `coord` giving each value's (row, col) in the tile.
+// Score-tile passes shared by the forward kernels: the variant's score transform, its element mask
+// and dropout applied to an accumulator seen as (rows, cols), with `coord` giving each value's
+// (row, col) in the tile.
 // Both mma.sync and wgmma accumulators hold column pairs (2q, 2q + 1) of 8-column groups.
 #pragma once
 
 #include <cute/tensor.hpp>
 
-#include "common/mask.hpp"
 #include "common/philox.hpp"
-#include "common/score_mod.hpp"
+#include "common/variant.hpp"
 
 namespace tileattn::cuda {
 
 using namespace cute;
 
-// Applies the score modifiers (scale, softcap, ALiBi) in place, leaving scores in log2 units.
+// Applies the variant's score transform (scale, softcap, ALiBi) in place, leaving scores in log2
+// units.
 template <class S, class C>
-__device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const ScoreMod& mod, int row0, int col0,
-                                                int diag_offset) {
+__device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const Variant& v, int row0, int col0) {
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
     CUTE_UNROLL
-    for (int j = 0; j < size<1>(s); ++j) s(i, j) = mod(s(i, j), row, col0 + get<1>(coord(i, j)), diag_offset) * kLog2e;
+    for (int j = 0; j < size<1>(s); ++j) s(i, j) = v.modified(s(i, j), row, col0 + get<1>(coord(i, j))) * kLog2e;
   }
 }
 
+// The variant's element mask: each row's key range, then, with document ids, the per-element test
+// (only inside the range and on the sequence's rows, so that no id is read past its sequence).
 template <class S, class C>
-__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Mask& mask, int row0, int col0) {
+__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0) {
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
-    const int lo = mask.key_begin(row) - col0, hi = mask.key_end(row) - col0;
+    const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
     CUTE_UNROLL
     for (int j = 0; j < size<1>(s); ++j) {
       const int c = get<1>(coord(i, j));
       if (c < lo || c >= hi) s(i, j) = -INFINITY;
     }
+  }
+  if (!v.documents()) return;
+  CUTE_UNROLL
+  for (int i = 0; i < size<0>(s); ++i) {
+    const int row = row0 + get<0>(coord(i, 0));
+    if (row >= v.mask.seqlen_q) continue;
+    const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
+    const int doc = v.doc_q[row * v.doc_q_stride];
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(s); ++j) {
+      const int c = get<1>(coord(i, j));
+      if (c >= lo && c < hi && v.doc_k[(col0 + c) * v.doc_k_stride] != doc) s(i, j) = -INFINITY;
+    }
+  }
+}
+
+// Masks the keys from `limit` on (tile columns): a fully visible block at the sequence's end.
+template <class S, class C>
+__device__ __forceinline__ void apply_key_limit(S& s, const C& coord, int limit) {
+  CUTE_UNROLL
+  for (int i = 0; i < size<0>(s); ++i) {
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(s); ++j)
+      if (get<1>(coord(i, j)) >= limit) s(i, j) = -INFINITY;
   }
 }
 

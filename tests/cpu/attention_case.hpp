@@ -124,17 +124,19 @@ inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
   return c;
 }
 
-// Gives a case a random block mask: block sizes multiples of 16 (48 and 80 among them: key blocks
-// that do not start on a multiple of 32 or of the CPU tiles), the mask's batch and head dims full
-// or 1, and a pattern: random blocks at a random density, all full, all partial, one block, whole
-// query-block rows empty, or causal as blocks (full below the diagonal, partial on it).
-inline void add_random_block_mask(Case& c, std::mt19937_64& rng) {
+// Gives a case a random block mask: block sizes drawn from `sizes` (by default multiples of 16, 48
+// and 80 among them: key blocks that do not start on a multiple of 32 or of the CPU tiles), the
+// mask's batch and head dims full or 1, and a pattern: random blocks at a random density, all full,
+// all partial, one block, whole query-block rows empty, or causal as blocks (full below the
+// diagonal, partial on it).
+inline void add_random_block_mask(Case& c, std::mt19937_64& rng,
+                                  const std::vector<int>& sizes = {16, 32, 48, 64, 80, 128}) {
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
-  const std::vector<int> sizes{16, 32, 48, 64, 80, 128};
   SparseSpec& m = c.sparse;
-  m.block_q = sizes[uni(0, 5)];
-  m.block_k = sizes[uni(0, 5)];
+  const int last = static_cast<int>(sizes.size()) - 1;
+  m.block_q = sizes[uni(0, last)];
+  m.block_k = sizes[uni(0, last)];
   m.batches = coin(0.5) ? 1 : c.batch;
   m.heads = coin(0.5) ? 1 : c.heads_q;
   m.qblocks = (c.seqlen_q + m.block_q - 1) / m.block_q + (coin(0.2) ? 1 : 0);  // extra rows are ignored

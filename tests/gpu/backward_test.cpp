@@ -147,7 +147,7 @@ TEST_F(GpuBackward, RandomSweep) {
   std::mt19937_64 rng(seed);
   for (int it = 0; it < 60; ++it) {
     Case c = random_case(rng, 300);
-    c.options.chunk_size = 0;  // the cuda backend takes no attention chunks or document ids yet
+    c.options.chunk_size = 0;  // chunks and document ids: variant_test.cpp
     c.documents = false;
     c.dtype = std::bernoulli_distribution(0.5)(rng) ? DType::bf16 : DType::f16;
     c.options.backend = Backend::cuda;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "cuda/dependent_launch.cuh"
 #include "cuda/decode/vec.cuh"
 
@@ -42,6 +43,7 @@ struct Params {
   float scale, softcap;
   int window_left, window_right;
   bool bottom_right;
+  int chunk;  // chunked-local attention; 0 = off
 };
 
 // Keys of sequence b, from untrusted device metadata: clamped so no read leaves the cache.
@@ -50,6 +52,15 @@ __device__ __forceinline__ int seq_keys(const Params& p, int b) {
   int n = p.cache_seqlens[b];
   n = n < 0 ? 0 : (n > p.capacity - p.seqlen_new ? p.capacity - p.seqlen_new : n);
   return n + p.seqlen_new;
+}
+
+// The visibility of sequence b's rows over its sk keys (the score transform stays per row, in log2
+// units, with each kernel).
+__device__ __forceinline__ Variant decode_variant(const Params& p, int sk) {
+  Variant v;
+  v.mask = Mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
+  v.chunk = p.chunk;
+  return v;
 }
 
 // Where key j of sequence b lives: its page (the sequence itself for a contiguous cache) and its

@@ -13,8 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/mask.hpp"
 #include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "cuda/decode/common.cuh"
 #include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/vec.cuh"
@@ -107,12 +107,12 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
   wait_for_primary();
 
   const int sk = seq_keys(p, b);
-  const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
+  const Variant var = decode_variant(p, sk);
   const int kbeg = split * p.keys_per_split;
   const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));
 
   // This thread's two fragment rows, gi and gi + 8 of the block's 16.
-  int row_i[2];
+  int row_i[2], key_lo[2], key_hi[2];  // each row's visible keys: [key_lo, key_hi)
   ScoreMod mod[2];
   int lo = kend, hi = kbeg;
   unsigned qa[D / 16][4];
@@ -124,8 +124,10 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
     const int h = g * group + rr % group;
     const float slope = p.alibi ? p.alibi[b * p.alibi_b + h * p.alibi_h] : 0.f;
     mod[hr] = ScoreMod{p.scale * kLog2e, p.softcap * kLog2e, slope * kLog2e};
-    lo = min(lo, max(kbeg, mask.key_begin(row_i[hr])));
-    hi = max(hi, min(kend, mask.key_end(row_i[hr])));
+    key_lo[hr] = var.key_begin(row_i[hr]);
+    key_hi[hr] = var.key_end(row_i[hr]);
+    lo = min(lo, max(kbeg, key_lo[hr]));
+    hi = max(hi, min(kend, key_hi[hr]));
     const T* qp = static_cast<const T*>(p.q) + b * p.q_b + row_i[hr] * p.q_i + h * p.q_h;
     // A fragment: regs 0/1 hold rows gi/gi+8 at columns 2ti, 2ti+1; regs 2/3 the same 8 columns on.
 #pragma unroll
@@ -257,7 +259,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
         for (int e = 0; e < 2; ++e) {
           const int j = j0 + nt * 8 + 2 * ti + e;
           float& x = sc[nt][2 * hr + e];
-          x = (j < hi && mask.visible(row_i[hr], j)) ? mod[hr](x, row_i[hr], j, mask.diag_offset) : kNegInf;
+          x = (j < hi && j >= key_lo[hr] && j < key_hi[hr]) ? mod[hr](x, row_i[hr], j, var.mask.diag_offset) : kNegInf;
           mx = fmaxf(mx, x);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/mask.hpp"
 #include "common/score_mod.hpp"
+#include "common/variant.hpp"
 #include "cuda/decode/common.cuh"
 #include "cuda/decode/split_merge.cuh"
 #include "cuda/decode/vec.cuh"
@@ -59,12 +59,12 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
   wait_for_primary();
 
   const int sk = seq_keys(p, b);
-  const Mask mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
+  const Variant var = decode_variant(p, sk);
   const int kbeg = split * p.keys_per_split;
   const int kend = max(kbeg, min(sk, kbeg + p.keys_per_split));  // empty past the sequence
 
   // This block's query rows: row r -> query index i = r / group, head h = g * group + r % group.
-  int row_i[ROWS];
+  int row_i[ROWS], key_lo[ROWS], key_hi[ROWS];  // each row's visible keys: [key_lo, key_hi)
   float q[ROWS][8], acc[ROWS][8], m[ROWS], l[ROWS];
   ScoreMod mod[ROWS];
   int lo = kend, hi = kbeg;  // keys any row of the block sees, within this split
@@ -82,8 +82,10 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
     l[r] = 0.f;
 #pragma unroll
     for (int c = 0; c < 8; ++c) acc[r][c] = 0.f;
-    lo = min(lo, max(kbeg, mask.key_begin(row_i[r])));
-    hi = max(hi, min(kend, mask.key_end(row_i[r])));
+    key_lo[r] = var.key_begin(row_i[r]);
+    key_hi[r] = var.key_end(row_i[r]);
+    lo = min(lo, max(kbeg, key_lo[r]));
+    hi = max(hi, min(kend, key_hi[r]));
   }
   hi = max(hi, lo);
 
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
         for (int c = 0; c < 8; ++c) d = fmaf(q[r][c], kf[c], d);
 #pragma unroll
         for (int off = TPK / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-        s[r][u] = (j < hi && mask.visible(row_i[r], j)) ? mod[r](d, row_i[r], j, mask.diag_offset) : kNegInf;
+        s[r][u] = (j < hi && j >= key_lo[r] && j < key_hi[r]) ? mod[r](d, row_i[r], j, var.mask.diag_offset) : kNegInf;
       }
     }
 #pragma unroll

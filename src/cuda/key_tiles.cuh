@@ -1,0 +1,69 @@
+// Which key tiles a tile of query rows visits and how each is masked, from the variant (dense
+// ranges: causal, window, chunks, documents) and the block mask where there is one. Every kernel
+// walks its key (or query) tiles from the last visited one down, through next_visited.
+//
+// kVariant: the kernel instantiation that takes chunks, document ids and block masks. Without it
+// they are compile-time absent (restricted()), so a causal or windowed call runs the code it ran
+// before the variant existed: more live state in the tile loops made the portable kernels spill.
+#pragma once
+
+#include "common/variant.hpp"
+#include "cuda/fwd_params.hpp"
+
+namespace tileattn::cuda {
+
+// The variant as an instantiation sees it: without kVariant, no chunks and no document ids, as
+// constants the compiler folds away.
+template <bool kVariant>
+__device__ __forceinline__ Variant restricted(Variant v) {
+  if constexpr (!kVariant) {
+    v.chunk = 0;
+    v.doc_q = v.doc_k = nullptr;
+  }
+  return v;
+}
+
+// How a visited tile is masked: skip (not visited), none (every element visible), limit (only the
+// keys past the sequence's end: a fully visible block there), rules (the variant's element mask).
+enum class TileMask : unsigned char { skip, none, limit, rules };
+
+// Rows [m0, m1) (m1 > m0, within one block of the block mask) of sequence b, query head h, against
+// keys [n0, n0 + kBlockN) (within one key block). sk: the sequence's keys.
+template <int kBlockN, bool kVariant>
+__device__ __forceinline__ TileMask tile_mask(const FwdParams& p, const Variant& v, int b, int h, int m0, int m1,
+                                              int n0, int sk) {
+  if constexpr (kVariant) {
+    if (p.blocks.state != nullptr) {
+      const unsigned char cell = p.blocks.row(b, h, m0 / p.blocks.block_q)[n0 / p.blocks.block_k];
+      if (cell == 0) return TileMask::skip;
+      if (cell == 2) return n0 + kBlockN > sk ? TileMask::limit : TileMask::none;
+    }
+  }
+  switch (v.visit(m0, m1, n0, n0 + kBlockN)) {
+    case BlockVisit::skip: return TileMask::skip;
+    case BlockVisit::full: return TileMask::none;
+    default: return TileMask::rules;
+  }
+}
+
+// A visited tile and how it is masked.
+struct Visit {
+  int n;
+  TileMask mode;
+};
+
+// The first tile below n (counting down to lo) that mode(tile) does not skip; n < lo if none.
+// Without kVariant every tile of the range is visited: causal and window ranges have no gaps.
+template <bool kVariant, class Mode>
+__device__ __forceinline__ Visit next_visited(int n, int lo, const Mode& mode) {
+  Visit t{n - 1, TileMask::skip};
+  if constexpr (kVariant) {
+    for (; t.n >= lo && (t.mode = mode(t.n)) == TileMask::skip; --t.n) {
+    }
+  } else if (t.n >= lo) {
+    t.mode = mode(t.n);
+  }
+  return t;
+}
+
+}  // namespace tileattn::cuda
