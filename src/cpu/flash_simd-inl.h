@@ -228,6 +228,7 @@ HWY_INLINE void LoadTile(RowFn row, int j0, int n, int width, int ld, float* til
 // range, so every key is masked for them.
 struct TileRows {
   int n = 0;                      // valid rows
+  int w = kBr;                    // lanes the score and softmax passes cover (finish's width)
   float kb[kBr], ke[kBr];         // visible keys [kb, ke) as floats (exact below 2^24)
   float pos[kBr];                 // i + diag_offset: the ALiBi distance origin
   float slope2[kBr];              // ALiBi slope in log2 units
@@ -260,9 +261,11 @@ struct TileRows {
     kb_max = std::max(kb_max, b);
     ke_min = std::min(ke_min, e);
   }
-  // Marks rows [n, kBr) as padding.
-  void finish(int rows) {
+  // Marks rows [n, kBr) as padding; `width` (a whole number of 16-lane vectors, >= rows) bounds the
+  // lanes later passes compute, where the caller's products cover no more.
+  void finish(int rows, int width = kBr) {
     n = rows;
+    w = width;
     for (int r = rows; r < kBr; ++r) {
       kb[r] = ke[r] = pos[r] = slope2[r] = 0.f;
       bh[r] = i[r] = 0;
@@ -288,7 +291,7 @@ HWY_INLINE void ScoreTileT(const ScoreMod& sm, const TileRows& rows, float* S, f
   const VF inner = hn::Set(d, kSoftcap ? sm.scale / sm.softcap : 0.f);
   const VF outer = hn::Set(d, kSoftcap ? sm.softcap * kLog2e : 0.f);
   const VF neg_inf = hn::Set(d, -kInf);
-  for (int v = 0; v < kBr; v += N) {
+  for (int v = 0; v < rows.w; v += N) {
     const VF kb = hn::LoadU(d, rows.kb + v), ke = hn::LoadU(d, rows.ke + v);
     const VF pos = hn::LoadU(d, rows.pos + v), slope = hn::LoadU(d, rows.slope2 + v);
     for (int jj = 0; jj < nk; ++jj) {
@@ -372,14 +375,14 @@ HWY_INLINE void SoftmaxInit(float* m, float* l) {
 // running max, and writes alpha, the factor each row's output so far must be rescaled by. With
 // slack > 0 a row's max moves only when the tile's exceeds it by more than that: the
 // probabilities may then reach 2^slack, and alpha is 1 for most rows once the max has settled.
-// kExpDegree 3 where the probabilities are rounded to bf16 next (see Exp2).
+// kExpDegree 3 where the probabilities are rounded to bf16 next (see Exp2). Lanes [0, cols) only.
 template <int kExpDegree = 6>
 HWY_INLINE void SoftmaxStep(float* S, int nk, float* m, float* l, float* alpha, float scale = 1.f,
-                            float slack = 0.f) {
+                            float slack = 0.f, int cols = kBr) {
   const DF d;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   const VF c = hn::Set(d, scale);
-  for (int v = 0; v < kBr; v += N) {
+  for (int v = 0; v < cols; v += N) {
     VF mt = hn::Set(d, -kInf);
     for (int jj = 0; jj < nk; ++jj) mt = hn::Max(mt, hn::LoadU(d, S + jj * kBr + v));
     const VF m_old = hn::LoadU(d, m + v);
@@ -440,7 +443,8 @@ HWY_INLINE void EmitRows(const AttendShape& sh, const TileRows& rows, bool none,
 
 // ---------------------------------------------------------------------------------------------
 // Online-softmax attention of one query tile over the key ranges `keys` gives (DenseKeys, or a
-// block-sparse mask's blocks); qrow(r, dst) writes query row r as fp32; krow(j) and vrow(j) give
+// block-sparse mask's blocks), on the rows.w lanes its rows take; qrow(r, dst) writes query row r
+// as fp32; krow(j) and vrow(j) give
 // key row j. With T = float and ldk (ldv) > 0, key rows lie ldk floats apart and are read in
 // place; otherwise each key tile is copied (widened) into a dense one first. S = Q K^T and O += P V
 // per key tile, only tiles that cut a row's key range masked per element; the rows end in
@@ -493,12 +497,12 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
       }
       if (K == Kt) LoadTile<T>(krow, j0, nk, D, D, Kt);
       if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
-      Gemm(K, kld, 1, QT, kBr, S, kBr, nk, kBr, D, nullptr, false);
+      Gemm(K, kld, 1, QT, kBr, S, kBr, nk, rows.w, D, nullptr, false);
       ScoreTile(sh.var, rows, S, nullptr, j0, nk, !full && !rows.full(j0, j0 + nk), prescaled);
       if (!full && sh.var.documents()) DocumentTile(sh.var, rows, S, j0, nk);
-      SoftmaxStep(S, nk, m, l, alpha);
+      SoftmaxStep(S, nk, m, l, alpha, 1.f, 0.f, rows.w);
       if (sh.var.dropout) DropTile(sh.var, rows, S, j0, nk);
-      Gemm(V, 1, vld, S, kBr, OT, kBr, DV, kBr, nk, alpha, !first);
+      Gemm(V, 1, vld, S, kBr, OT, kBr, DV, rows.w, nk, alpha, !first);
       first = false;
     }
   });
