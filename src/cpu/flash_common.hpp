@@ -79,6 +79,10 @@ inline std::int64_t total_q_rows(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : static_cast<std::int64_t>(p.batch) * p.seqlen_q;
 }
 
+// Lanes a query tile of `rows` rows computes: its rows rounded up to whole groups of `align` (16:
+// whole vectors on every target), at most kBr.
+inline int tile_lanes(int rows, int align = 16) { return std::min(kBr, (rows + align - 1) / align * align); }
+
 // Backward: the packed query tiles of all sequences. A tile is as wide as its rows rounded up to
 // `align` (16, whole vectors on every target; 32 where the tile unit multiplies over them), so a
 // sequence of 1 to 16 rows packs and computes 16 lanes, not kBr: sequence b's tiles take
@@ -90,7 +94,7 @@ struct QueryTiles {
   std::int64_t total = 0;           // padded rows of all sequences
   std::int64_t first(int b) const { return start.empty() ? b * per_seq : start[b]; }
   // Lanes of the tile whose first row is i0 in a sequence of sq rows.
-  int width(int sq, int i0) const { return std::min(kBr, (sq - i0 + align - 1) / align * align); }
+  int width(int sq, int i0) const { return tile_lanes(sq - i0, align); }
   std::int64_t padded_rows(std::int64_t sq) const {
     return sq / kBr * kBr + (sq % kBr + align - 1) / align * align;
   }

@@ -98,7 +98,7 @@ void DecodeT(const Problem& p, const DecodeArgs& a) {
         const int h = g * group + (r0 + r) / sq, i = (r0 + r) % sq;
         rows.set(r, sh.var, i, alibi_slope(p, a.alibi_slopes, b, h), 0);
       }
-      rows.finish(n, std::min(kBr, (n + 15) / 16 * 16));  // a few rows (decode) take 16 lanes, not kBr
+      rows.finish(n, flash::tile_lanes(n));  // a few rows (decode) take 16 lanes, not kBr
       auto emit = [&](int r, const float* o, float lse) {
         const int h = g * group + (r0 + r) / sq, i = (r0 + r) % sq;
         if (splits == 1) {

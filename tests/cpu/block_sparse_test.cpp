@@ -62,54 +62,46 @@ Case masked_case(std::mt19937_64& rng, int pattern_kind) {
   }
 }
 
-class BlockMaskEquivalence : public ::testing::TestWithParam<Backend> {};
+class BlockMaskEquivalence : public ::testing::TestWithParam<Backend> {
+ protected:
+  // Twelve random cases of one pattern (masked_case; `adjust` edits each), each against the same
+  // call without its block mask (`unmask` edits that call where the blocks stand for more).
+  template <class Adjust, class Unmask>
+  void expect_as_dense(int pattern_kind, Adjust adjust, Unmask unmask) {
+    const std::uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    for (int it = 0; it < 12; ++it) {
+      Case c = masked_case(rng, pattern_kind);
+      adjust(c);
+      CaseTensors t(c, rng);
+      Case dense = c;
+      dense.sparse = SparseSpec{};
+      unmask(dense);
+      const Outputs a = run(c, t, GetParam()), b = run(dense, t, GetParam());
+      expect_same(a, b, GetParam(), "seed " + std::to_string(seed) + ": " + c.str());
+      if (HasFailure()) return;
+    }
+  }
+};
 
 TEST_P(BlockMaskEquivalence, AllFullBlocksAreDenseAttention) {
-  const std::uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (int it = 0; it < 12; ++it) {
-    const Case c = masked_case(rng, 2);
-    CaseTensors t(c, rng);
-    Case dense = c;
-    dense.sparse = SparseSpec{};
-    // Full blocks take no element mask: the dense call has none either.
+  // Full blocks take no element mask: the dense call has none either.
+  expect_as_dense(2, [](Case&) {}, [](Case& dense) {
     dense.documents = false;
     dense.options.causal = false;
     dense.options.window_left = dense.options.window_right = -1;
-    const Outputs a = run(c, t, GetParam()), b = run(dense, t, GetParam());
-    expect_same(a, b, GetParam(), "seed " + std::to_string(seed) + ": " + c.str());
-    if (HasFailure()) return;
-  }
+  });
 }
 
 TEST_P(BlockMaskEquivalence, AllPartialBlocksAreTheElementMask) {
-  const std::uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (int it = 0; it < 12; ++it) {
-    const Case c = masked_case(rng, 3);
-    CaseTensors t(c, rng);
-    Case dense = c;
-    dense.sparse = SparseSpec{};
-    const Outputs a = run(c, t, GetParam()), b = run(dense, t, GetParam());
-    expect_same(a, b, GetParam(), "seed " + std::to_string(seed) + ": " + c.str());
-    if (HasFailure()) return;
-  }
+  expect_as_dense(3, [](Case&) {}, [](Case&) {});
 }
 
 TEST_P(BlockMaskEquivalence, CausalBlocksAreCausalAttention) {
-  const std::uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (int it = 0; it < 12; ++it) {
-    Case c = masked_case(rng, 6);
+  expect_as_dense(6, [](Case& c) {
     c.options.window_left = -1;  // full blocks below the diagonal see every key before it
     c.documents = false;
-    CaseTensors t(c, rng);
-    Case dense = c;
-    dense.sparse = SparseSpec{};
-    const Outputs a = run(c, t, GetParam()), b = run(dense, t, GetParam());
-    expect_same(a, b, GetParam(), "seed " + std::to_string(seed) + ": " + c.str());
-    if (HasFailure()) return;
-  }
+  }, [](Case&) {});
 }
 
 // Chunked-local attention over one sequence (seqlen_q = seqlen_k) is the same batch cut into
