@@ -142,11 +142,39 @@ BwdTmaSm90<T> make_bwd_tma(const BwdParams& p, int batch) {
           make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename T::SmemLayoutQ{})), q.shape(), dout.shape()};
 }
 
-// The query tiles a key block meets: iteration t visits head h0 + t / tiles, query tile m_lo + t % tiles.
+// The (head, query tile) pairs a key block visits, and how each is masked: the heads of its part of
+// the GQA group in turn, each head's query tiles from m_lo on. The loader warp, the dQ writer and the
+// consumers walk the same pairs. Without kVariant every tile of the rows' range is visited (causal
+// and window ranges have no gaps), and a tile is cut where the mask does not cover it or it runs
+// past the sequence's keys; with it, tile_mask decides, skipping what chunks, document ids or a
+// block mask leave out.
+struct BwdPair {
+  int h, m0;
+  TileMask mode;
+};
+template <int kBlockM, int kBlockN, bool kVariant>
 struct BwdWalk {
-  int m_lo, tiles, iters, h0;
-  __device__ int head(int t) const { return h0 + t / tiles; }
-  __device__ int m0(int t, int block_m) const { return (m_lo + t % tiles) * block_m; }
+  const FwdParams& f;
+  Variant var;  // a copy: behind a reference it would live in local memory
+  int b, n0, sq, sk, m_lo, m_end, h0, h_end;
+
+  __device__ TileMask mode(int h, int m0) const {
+    const int m1 = min(m0 + kBlockM, sq);
+    if constexpr (kVariant) return tile_mask<kBlockN, true>(f, var, b, h, m0, m1, n0, sk);
+    const bool cut = !var.mask.block_full(m0, m1, n0, n0 + kBlockN) || n0 + kBlockN > sk;
+    return cut ? TileMask::rules : TileMask::none;
+  }
+  __device__ BwdPair after(BwdPair x) const {
+    for (;;) {
+      x.m0 += kBlockM;
+      if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
+      if (x.h >= h_end) return x;
+      if constexpr (!kVariant) return x;  // its mode is found where it is used
+      if ((x.mode = mode(x.h, x.m0)) != TileMask::skip) return x;
+    }
+  }
+  __device__ BwdPair first() const { return after({h0, (m_lo - 1) * kBlockM, TileMask::skip}); }
+  __device__ bool done(const BwdPair& x) const { return x.h >= h_end; }
 };
 
 // Zeroes rows [first, kBlockM) of a Q or dO stage. Varlen only: a tile past a sequence's last row
@@ -201,9 +229,9 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
 // The loader warp: per iteration it waits for the stage to be free, starts the TMA copies of Q and dO
 // (lane 0), and loads LSE and D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
 // probabilities are 0). Batched rows past the sequence arrive from TMA as zeros.
-template <class T, class SQ>
+template <class T, class W, class SQ>
 __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
-                                              const BwdWalk& w, SQ& sQ, SQ& sdO, float* rows, BwdBarriersSm90& bars,
+                                              const W& w, SQ& sQ, SQ& sdO, float* rows, BwdBarriersSm90& bars,
                                               int lane) {
   constexpr int kBlockM = T::kBlockM;
   using TileQ = Shape<Int<kBlockM>, Int<T::kHeadDim>>;
@@ -213,8 +241,9 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   auto cdo = tma.dout.get_slice(_0{});
   Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, stages)
   Tensor tdOs = cdo.partition_D(sdO);
-  for (int t = 0; t < w.iters; ++t) {
-    const int st = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int st = t & 1, h = x.h, m0 = x.m0;
     if (t >= 2) bars.empty[st].wait(((t >> 1) + 1) & 1);
     if (lane == 0) {
       Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, h, bt);
@@ -241,20 +270,20 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
 // and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
 // it once the addition has landed, while the next tile's runs.
-template <class T, bool kDeterministic>
-__device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const BwdWalk& w,
-                                                  const Mask& mask, int n_block, const float* sdq,
-                                                  BwdBarriersSm90& bars) {
+template <class T, bool kDeterministic, class W>
+__device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
+                                                  int n_block, const float* sdq, BwdBarriersSm90& bars) {
   constexpr int kBlockM = T::kBlockM;
   int* passing = nullptr;
-  for (int t = 0; t < w.iters; ++t) {
-    const int buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int buf = t & 1, h = x.h, m0 = x.m0;
     bars.dq_full[buf].wait((t >> 1) & 1);
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
     if constexpr (kDeterministic) {
       int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-      turn_wait(turn, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
+      turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
       bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
       bulk_commit();
       if (passing != nullptr) {
@@ -273,10 +302,13 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   if (kDeterministic && passing != nullptr) turn_pass(passing);
 }
 
-template <class T, bool kMods, bool kDeterministic>
+// kMods, kVariant: as in the portable kernels (bwd_kernel.cuh, key_tiles.cuh). The variant's
+// instantiation is not deterministic: a block mask's visited key blocks per query tile, which the
+// turns count, are not a range.
+template <class T, bool kMods, bool kDeterministic, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
-  static_assert(!kDeterministic || T::kBulkDq);
+  static_assert(!kDeterministic || (T::kBulkDq && !kVariant));
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
@@ -294,13 +326,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
-  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const Variant var = restricted<kVariant>(s.var);
   const int n1 = min(n0 + kBlockN, s.sk);
-  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  // A block mask's fully visible blocks take no element mask: any row may see these keys.
+  const bool blocks = kVariant && f.blocks.state != nullptr;
+  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
   const int m_lo = row_lo / kBlockM;
-  const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
+  const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;  // the group's heads this block walks
-  const BwdWalk w{m_lo, tiles, tiles * heads, hk * f.group + int(blockIdx.z) % p.group_parts * heads};
+  const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
+  const BwdWalk<kBlockM, kBlockN, kVariant> w{f, var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0};
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
   constexpr int kE = int(sizeof(Element));
@@ -338,7 +373,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, mask, n_block, sdq, bars);
+    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, n_block, sdq, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -381,10 +416,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   cutlass::arch::fence_view_async_shared();
   NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // K and V have landed
 
-  for (int t = 0; t < w.iters; ++t) {
-    const int st = t & 1, buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int st = t & 1, buf = t & 1, h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
-    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
     bars.full[st].wait((t >> 1) & 1);
     if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
 
@@ -395,7 +430,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const float* lse = rows + st * 2 * kBlockM;
     Tensor dsc = make_tensor<float>(shape(s_rc));
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
-    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
+    if constexpr (kVariant)
+      scores_to_pt<kMods>(f, var, hd, x.mode, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
+    else
+      scores_to_pt<kMods>(f, var.mask, hd, w.mode(h, m0), n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
     warpgroup_wait<0>();
     dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, TileDsum<kCols>(c, lse + kBlockM));
 
