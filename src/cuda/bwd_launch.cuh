@@ -30,15 +30,20 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
 // and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
 // head dim 128, and with chunks, document ids or a block mask, runs the portable kernels.
-template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; };
+// narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
+template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 64> {
   using type = BwdTraitsSm90<E, 64, 128, 128>;
   using mods = BwdTraitsSm90<E, 64, 64, 128>;
+  using narrow_v = void;
 };
-template <class T> struct BwdConfigSm90One { using type = T; using mods = T; };
+template <class T> struct BwdConfigSm90One { using type = T; using mods = T; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
 template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
-template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {};
+// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192.
+template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {
+  using narrow_v = BwdTraitsSm90<E, 192, 64, 64, 128>;
+};
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
@@ -106,7 +111,11 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
       // Variants take the modifiers' instantiation (one more kernel per head dim, not two): the
       // score transform costs little beside what chunks, document ids and block masks cost.
       using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
+      using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
       if (g.variant) return launch_bwd_sm90<HM, true, true>(p, g);
+      if constexpr (!std::is_void_v<HV>) {
+        if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) return launch_bwd_sm90<HV, false, false>(p, g);
+      }
       return g.mods ? launch_bwd_sm90<HM, true, false>(p, g) : launch_bwd_sm90<H, false, false>(p, g);
     }
   }
