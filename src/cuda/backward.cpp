@@ -44,12 +44,14 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
-// Chunks, document ids and block masks run on the portable kernels (the Hopper kernel takes a
-// causal or window mask only).
+// Chunks, document ids and block masks run on the Hopper kernel's variant instantiation, except in
+// the deterministic mode (its ordered dQ sums count the key blocks that visit a query tile as a
+// range), which runs them on the portable kernels.
 BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
   const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
-  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, a.options.deterministic,
-          device_runs_sm90a() && !variant, static_cast<cudaStream_t>(a.options.stream)};
+  const bool deterministic = a.options.deterministic;
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, deterministic,
+          device_runs_sm90a() && !(variant && deterministic), static_cast<cudaStream_t>(a.options.stream)};
 }
 
 std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {

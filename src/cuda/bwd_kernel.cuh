@@ -43,6 +43,7 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
+  static constexpr int kHeadDimV = kHeadDim;  // V padded to Q's and K's head dim
   static constexpr int kThreads = kWarps * 32, kStages = kStages_;
   static constexpr int kChunk = kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzleBits = kChunk == 64 ? 3 : 2;
@@ -138,23 +139,25 @@ struct BwdHead {
   }
 };
 
-// Loads (cp.async) the K and V tile of key block n0, rows past the sequence and columns past the
-// head dims zeroed.
-template <class T, class SK>
+// Loads (cp.async) the K and V tile of key block n0 (T::kHeadDim and T::kHeadDimV columns), rows
+// past the sequence and columns past the head dims zeroed.
+template <class T, class SK, class SV>
 __device__ __forceinline__ void load_key_tile(const FwdParams& f, const BwdSeq& s, int b, int hk, int n0, SK&& sK,
-                                              SK&& sV, int tid) {
+                                              SV&& sV, int tid) {
   using Element = typename T::Element;
   using TileKV = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>;
+  using TileV = Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>;
   const std::int64_t k_row0 = s.k_start + n0;
   const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch + k_row0 * f.k_row + hk * f.k_head;
   const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch + k_row0 * f.v_row + hk * f.v_head;
   Tensor gK = make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(f.k_row, _1{}));
-  Tensor gV = make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(f.v_row, _1{}));
+  Tensor gV = make_tensor(make_gmem_ptr(v), TileV{}, make_stride(f.v_row, _1{}));
   typename T::GmemLoad gload;
   auto gl = gload.get_thread_slice(tid);
-  Tensor c = gl.partition_S(make_identity_tensor(TileKV{}));
-  copy_tile<true, true, true>(gload, gl.partition_S(gK), gl.partition_D(sK), c, s.sk - n0, f.d_qk);
-  copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), c, s.sk - n0, f.d_v);
+  copy_tile<true, true, true>(gload, gl.partition_S(gK), gl.partition_D(sK), gl.partition_S(make_identity_tensor(TileKV{})),
+                              s.sk - n0, f.d_qk);
+  copy_tile<true, true, true>(gload, gl.partition_S(gV), gl.partition_D(sV), gl.partition_S(make_identity_tensor(TileV{})),
+                              s.sk - n0, f.d_v);
 }
 
 // Loads one query tile's Q, dO (cp.async, rows past the sequence zeroed), LSE and D. Rows past

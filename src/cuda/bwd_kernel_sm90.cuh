@@ -31,16 +31,19 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+// kHeadDim: Q's and K's head dim; kHeadDimV: V's and dO's (narrower for 192/128, which would
+// otherwise pay 192 columns in dP^T = V dO^T and dV).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kHeadDimV_ = kHeadDim_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitD = kHeadDim > 128;
   static constexpr int kWarpGroups = 2;  // consumers
   static constexpr int kConsumers = kWarpGroups * 128;
   static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 && kBlockN == (kSplitD ? 64 : 128));
+  static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim && kBlockM % 64 == 0 &&
+                kBlockN == (kSplitD ? 64 : 128));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
   using SplitCols = Layout<Shape<_1, Int<kWarpGroups>, _1>>;
@@ -49,17 +52,19 @@ struct BwdTraitsSm90 {
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockN>, Int<kBlockM / (kSplitD ? kWarpGroups : 1)>, Int<kHeadDim>>>(),
       std::conditional_t<kSplitD, SplitCols, SplitRows>{}));
-  // (N x D) += P^T dO and dS^T Q: A from registers, or from shared memory where split.
-  using MmaKV = std::conditional_t<
+  // (N x D) += dS^T Q and (N x Dv) += P^T dO: A from registers, or from shared memory where split.
+  template <int kD>
+  using MmaKVOf = std::conditional_t<
       kSplitD,
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
-                                                   Shape<Int<kBlockN>, Int<kHeadDim / kWarpGroups>, Int<kBlockM>>,
+                                                   Shape<Int<kBlockN>, Int<kD / kWarpGroups>, Int<kBlockM>>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               SplitCols{})),
-      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float,
-                                                   Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                                                   GMMA::Major::MN>(),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kD>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
                               SplitRows{}))>;
+  using MmaKV = MmaKVOf<kHeadDim>;
+  using MmaV = MmaKVOf<kHeadDimV>;
   // (M x D) = dS K, both operands transposed views.
   using MmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim / kWarpGroups>, Int<kBlockN>>,
@@ -69,17 +74,26 @@ struct BwdTraitsSm90 {
   // Q, dO, K, V in 128-byte swizzle atoms (64 columns) at head dims 64, 128, 256. At 192 and 96 a
   // warpgroup's slice of the head dim (96, 48 columns: dK's and dV's where split, dQ's) starts on
   // an atom only with 64-byte atoms (32 columns) at 192 and 32-byte ones (16 columns) at 96.
-  static constexpr int kAtomCols = kHeadDim == 96 ? 16 : kHeadDim == 192 ? 32 : 64;
-  using Atom = std::conditional_t<
-      kAtomCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<kAtomCols == 32, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  template <int kD>
+  using AtomOf = std::conditional_t<kD == 96, GMMA::Layout_K_SW32_Atom<Element>,
+                                    std::conditional_t<kD == 192, GMMA::Layout_K_SW64_Atom<Element>,
+                                                       GMMA::Layout_K_SW128_Atom<Element>>>;
   using AtomP = GMMA::Layout_K_SW128_Atom<Element>;  // P^T, dS^T: 64 query columns
-  // Two stages of Q and dO, two buffers of P^T and dS^T.
-  using SmemLayoutQ = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockM>, Int<kHeadDim>, _2>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(Atom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Two stages of Q and of dO, two buffers of P^T and dS^T.
+  template <int kD>
+  using SmemLayoutRowsOf = decltype(tile_to_shape(AtomOf<kD>{}, Shape<Int<kBlockM>, Int<kD>, _2>{}));
+  template <int kD>
+  using SmemLayoutKeysOf = decltype(tile_to_shape(AtomOf<kD>{}, Shape<Int<kBlockN>, Int<kD>>{}));
+  template <int kD>  // the stages read as (D x M) transposes
+  using SmemLayoutRowsT = decltype(composition(
+      SmemLayoutRowsOf<kD>{}, make_ordered_layout(Shape<Int<kD>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutQ = SmemLayoutRowsOf<kHeadDim>;
+  using SmemLayoutdO = SmemLayoutRowsOf<kHeadDimV>;
+  using SmemLayoutKV = SmemLayoutKeysOf<kHeadDim>;  // K
+  using SmemLayoutV = SmemLayoutKeysOf<kHeadDimV>;
   using SmemLayoutdSt = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutQt = SmemLayoutRowsT<kHeadDim>;
+  using SmemLayoutdOt = SmemLayoutRowsT<kHeadDimV>;
   using SmemLayoutKt =
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutdS = decltype(composition(
@@ -90,18 +104,22 @@ struct BwdTraitsSm90 {
   using GmemStore = typename GmemCopies<Element, kConsumers, kGmemChunk>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
-  using TmaQ = decltype(make_tma_copy(
+  template <class SmemLayout>
+  using TmaOf = decltype(make_tma_copy(
       SM90_TMA_LOAD{},
       make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
                   Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
-      take<0, 2>(SmemLayoutQ{})));
+      take<0, 2>(SmemLayout{})));
+  using TmaQ = TmaOf<SmemLayoutQ>;
+  using TmadO = TmaOf<SmemLayoutdO>;
 
-  static constexpr int kTileQ = kBlockM * kHeadDim, kTileKV = kBlockN * kHeadDim, kTileP = kBlockN * kBlockM;
-  static constexpr int kTileQBytes = kTileQ * int(sizeof(Element));
+  static constexpr int kTileQ = kBlockM * kHeadDim, kTiledO = kBlockM * kHeadDimV;
+  static constexpr int kTileKV = kBlockN * kHeadDim, kTileV = kBlockN * kHeadDimV, kTileP = kBlockN * kBlockM;
+  static constexpr int kStageBytes = (kTileQ + kTiledO) * int(sizeof(Element));  // a stage's Q and dO
   // dQ staged for bulk reductions where two fp32 tiles fit beside the rest (up to head dim 128).
   static constexpr bool kBulkDq = !kSplitD;
   static constexpr int kDqTile = kBlockM * kHeadDim;
-  static constexpr int kOffsetdSt = (2 * kTileKV + 4 * kTileQ) * int(sizeof(Element));
+  static constexpr int kOffsetdSt = (kTileKV + kTileV) * int(sizeof(Element)) + 2 * kStageBytes;
   static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
   static constexpr int kOffsetRows = kOffsetPt + (kSplitD ? 2 * kTileP * int(sizeof(Element)) : 0);
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
@@ -127,7 +145,8 @@ inline constexpr int kBwdBarrierWarpGroup = 1;
 // The TMA descriptors for q and dO, and the global shapes they were made for.
 template <class T>
 struct BwdTmaSm90 {
-  typename T::TmaQ q, dout;
+  typename T::TmaQ q;
+  typename T::TmadO dout;
   TmaGmemShape q_shape, do_shape;
 };
 
@@ -139,27 +158,59 @@ BwdTmaSm90<T> make_bwd_tma(const BwdParams& p, int batch) {
   auto q = tma_gmem_view<Element>(f.q, f.q_rows, f.d_qk, f.heads_q, entries, f.q_row, f.q_head, f.q_batch);
   auto dout = tma_gmem_view<Element>(p.dout, f.q_rows, f.d_v, f.heads_q, entries, p.do_row, p.do_head, p.do_batch);
   return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename T::SmemLayoutQ{})),
-          make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename T::SmemLayoutQ{})), q.shape(), dout.shape()};
+          make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename T::SmemLayoutdO{})), q.shape(), dout.shape()};
 }
 
-// The query tiles a key block meets: iteration t visits head h0 + t / tiles, query tile m_lo + t % tiles.
+// The (head, query tile) pairs a key block visits, and how each is masked: the heads of its part of
+// the GQA group in turn, each head's query tiles from m_lo on. The loader warp, the dQ writer and the
+// consumers walk the same pairs. Without kVariant every tile of the rows' range is visited (causal
+// and window ranges have no gaps), and a tile is cut where the mask does not cover it or it runs
+// past the sequence's keys; with it, tile_mask decides, skipping what chunks, document ids or a
+// block mask leave out.
+struct BwdPair {
+  int h, m0;
+  TileMask mode;
+};
+template <int kBlockM, int kBlockN, bool kVariant>
 struct BwdWalk {
-  int m_lo, tiles, iters, h0;
-  __device__ int head(int t) const { return h0 + t / tiles; }
-  __device__ int m0(int t, int block_m) const { return (m_lo + t % tiles) * block_m; }
+  const FwdParams& f;
+  Variant var;  // a copy: behind a reference it would live in local memory
+  int b, n0, sq, sk, m_lo, m_end, h0, h_end;
+
+  __device__ TileMask mode(int h, int m0) const {
+    const int m1 = min(m0 + kBlockM, sq);
+    if constexpr (kVariant) return tile_mask<kBlockN, true>(f, var, b, h, m0, m1, n0, sk);
+    const bool cut = !var.mask.block_full(m0, m1, n0, n0 + kBlockN) || n0 + kBlockN > sk;
+    return cut ? TileMask::rules : TileMask::none;
+  }
+  __device__ BwdPair after(BwdPair x) const {
+    for (;;) {
+      x.m0 += kBlockM;
+      if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
+      if (x.h >= h_end) return x;
+      if constexpr (!kVariant) return x;  // its mode is found where it is used
+      if ((x.mode = mode(x.h, x.m0)) != TileMask::skip) return x;
+    }
+  }
+  __device__ BwdPair first() const { return after({h0, (m_lo - 1) * kBlockM, TileMask::skip}); }
+  __device__ bool done(const BwdPair& x) const { return x.h >= h_end; }
 };
 
 // Zeroes rows [first, kBlockM) of a Q or dO stage. Varlen only: a tile past a sequence's last row
 // holds the next sequence's rows, and a zero probability times a non-finite value would still make
 // a NaN. Each consumer warpgroup writes the same zeros before its own products read the stage.
-template <class T, class S>
-__device__ __forceinline__ void zero_rows(S&& sQ, S&& sdO, int first, int tw, int wg) {
-  constexpr int kChunks = T::kHeadDim / 8;
-  for (int i = tw; i < (T::kBlockM - first) * kChunks; i += 128) {
+template <int kCols, class S>
+__device__ __forceinline__ void zero_stage_rows(S&& stage, int first, int tw, int rows) {
+  constexpr int kChunks = kCols / 8;
+  for (int i = tw; i < (rows - first) * kChunks; i += 128) {
     const int r = first + i / kChunks, c = i % kChunks;
-    *reinterpret_cast<uint128_t*>(&sQ(r, c * 8)) = uint128_t{0, 0};
-    *reinterpret_cast<uint128_t*>(&sdO(r, c * 8)) = uint128_t{0, 0};
+    *reinterpret_cast<uint128_t*>(&stage(r, c * 8)) = uint128_t{0, 0};
   }
+}
+template <class T, class SQ, class SdO>
+__device__ __forceinline__ void zero_rows(SQ&& sQ, SdO&& sdO, int first, int tw, int wg) {
+  zero_stage_rows<T::kHeadDim>(sQ, first, tw, T::kBlockM);
+  zero_stage_rows<T::kHeadDimV>(sdO, first, tw, T::kBlockM);
   cutlass::arch::fence_view_async_shared();
   cutlass::arch::NamedBarrier::sync(128, kBwdBarrierWarpGroup + wg);
 }
@@ -201,29 +252,31 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
 // The loader warp: per iteration it waits for the stage to be free, starts the TMA copies of Q and dO
 // (lane 0), and loads LSE and D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
 // probabilities are 0). Batched rows past the sequence arrive from TMA as zeros.
-template <class T, class SQ>
+template <class T, class W, class SQ, class SdO>
 __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
-                                              const BwdWalk& w, SQ& sQ, SQ& sdO, float* rows, BwdBarriersSm90& bars,
+                                              const W& w, SQ& sQ, SdO& sdO, float* rows, BwdBarriersSm90& bars,
                                               int lane) {
   constexpr int kBlockM = T::kBlockM;
   using TileQ = Shape<Int<kBlockM>, Int<T::kHeadDim>>;
+  using TiledO = Shape<Int<kBlockM>, Int<T::kHeadDimV>>;
   const FwdParams& f = p.fwd;
   const int bt = get<3>(tma.q_shape) == 1 ? 0 : b;  // varlen: one packed batch entry
   auto cq = tma.q.get_slice(_0{});
   auto cdo = tma.dout.get_slice(_0{});
   Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, stages)
   Tensor tdOs = cdo.partition_D(sdO);
-  for (int t = 0; t < w.iters; ++t) {
-    const int st = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int st = t & 1, h = x.h, m0 = x.m0;
     if (t >= 2) bars.empty[st].wait(((t >> 1) + 1) & 1);
     if (lane == 0) {
       Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, h, bt);
       Tensor mdO = tma.dout.get_tma_tensor(tma.do_shape)(_, _, h, bt);
       const auto tile = make_coord(m0 / kBlockM, _0{});
       Tensor gQ = local_tile(domain_offset(make_coord(s.q_start, _0{}), mQ), TileQ{}, tile);
-      Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TileQ{}, tile);
+      Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TiledO{}, tile);
       auto& full = reinterpret_cast<std::uint64_t&>(bars.full[st]);
-      bars.full[st].expect_transaction(2 * T::kTileQBytes);
+      bars.full[st].expect_transaction(T::kStageBytes);
       copy(tma.q.with(full, 0), cq.partition_S(gQ), tQs(_, _, _, st));
       copy(tma.dout.with(full, 0), cdo.partition_S(gdO), tdOs(_, _, _, st));
     }
@@ -241,20 +294,20 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
 // and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
 // it once the addition has landed, while the next tile's runs.
-template <class T, bool kDeterministic>
-__device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const BwdWalk& w,
-                                                  const Mask& mask, int n_block, const float* sdq,
-                                                  BwdBarriersSm90& bars) {
+template <class T, bool kDeterministic, class W>
+__device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
+                                                  int n_block, const float* sdq, BwdBarriersSm90& bars) {
   constexpr int kBlockM = T::kBlockM;
   int* passing = nullptr;
-  for (int t = 0; t < w.iters; ++t) {
-    const int buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int buf = t & 1, h = x.h, m0 = x.m0;
     bars.dq_full[buf].wait((t >> 1) & 1);
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
     if constexpr (kDeterministic) {
       int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-      turn_wait(turn, (mask.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
+      turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
       bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
       bulk_commit();
       if (passing != nullptr) {
@@ -273,10 +326,13 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   if (kDeterministic && passing != nullptr) turn_pass(passing);
 }
 
-template <class T, bool kMods, bool kDeterministic>
+// kMods, kVariant: as in the portable kernels (bwd_kernel.cuh, key_tiles.cuh). The variant's
+// instantiation is not deterministic: a block mask's visited key blocks per query tile, which the
+// turns count, are not a range.
+template <class T, bool kMods, bool kDeterministic, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
-  static_assert(!kDeterministic || T::kBulkDq);
+  static_assert(!kDeterministic || (T::kBulkDq && !kVariant));
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
@@ -294,24 +350,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
-  const Mask mask(s.sq, s.sk, f.bottom_right, f.window_left, f.window_right);
+  const Variant var = restricted<kVariant>(s.var);
   const int n1 = min(n0 + kBlockN, s.sk);
-  const int row_lo = mask.block_row_begin(n0), row_hi = mask.block_row_end(n1);
+  // A block mask's fully visible blocks take no element mask: any row may see these keys.
+  const bool blocks = kVariant && f.blocks.state != nullptr;
+  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
   const int m_lo = row_lo / kBlockM;
-  const int tiles = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_lo : 0;
+  const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;  // the group's heads this block walks
-  const BwdWalk w{m_lo, tiles, tiles * heads, hk * f.group + int(blockIdx.z) % p.group_parts * heads};
+  const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
+  const BwdWalk<kBlockM, kBlockN, kVariant> w{f, var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0};
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
   constexpr int kE = int(sizeof(Element));
   Tensor sK = make_tensor(smem(0), typename T::SmemLayoutKV{});
-  Tensor sV = make_tensor(smem(T::kTileKV * kE), typename T::SmemLayoutKV{});
-  Tensor sQ = make_tensor(smem(2 * T::kTileKV * kE), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(smem((2 * T::kTileKV + 2 * T::kTileQ) * kE), typename T::SmemLayoutQ{});
+  Tensor sV = make_tensor(smem(T::kTileKV * kE), typename T::SmemLayoutV{});
+  Tensor sQ = make_tensor(smem((T::kTileKV + T::kTileV) * kE), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(smem((T::kTileKV + T::kTileV + 2 * T::kTileQ) * kE), typename T::SmemLayoutdO{});
   Tensor sdSt = make_tensor(smem(T::kOffsetdSt), typename T::SmemLayoutdSt{});
   Tensor sPt = make_tensor(smem(T::kOffsetPt), typename T::SmemLayoutdSt{});  // where split
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutdOt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
   float* rows = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetRows);  // per stage: LSE, D
@@ -338,7 +397,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, mask, n_block, sdq, bars);
+    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, n_block, sdq, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -346,25 +405,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   typename T::MmaSdP mma_sdp;
   typename T::MmaKV mma_kv;
+  typename T::MmaV mma_v;
   typename T::MmaQ mma_q;
   auto tsdp = mma_sdp.get_thread_slice(tc);
   auto tkv = mma_kv.get_thread_slice(tc);
+  auto tv = mma_v.get_thread_slice(tc);
   auto tq = mma_q.get_thread_slice(tc);
   using TileS = Shape<Int<kBlockN>, Int<kBlockM>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileV = Shape<Int<kBlockN>, Int<T::kHeadDimV>>;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   // Operand descriptors, per stage or buffer where the operand has two.
   Tensor dK_a = tsdp.partition_fragment_A(sK);
   Tensor dV_a = tsdp.partition_fragment_A(sV);
   Tensor dQ_b = tsdp.partition_fragment_B(sQ);
   Tensor ddO_b = tsdp.partition_fragment_B(sdO);
-  Tensor ddOt_b = tkv.partition_fragment_B(sdOt);
+  Tensor ddOt_b = tv.partition_fragment_B(sdOt);
   Tensor dQt_b = tkv.partition_fragment_B(sQt);
   Tensor ddS_a = tq.partition_fragment_A(sdS);
   Tensor dKt_b = tq.partition_fragment_B(sKt);
 
   Tensor acc_dk = partition_fragment_C(mma_kv, TileKV{});
-  Tensor acc_dv = partition_fragment_C(mma_kv, TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_v, TileV{});
   clear(acc_dk);
   clear(acc_dv);
   Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});
@@ -381,10 +443,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   cutlass::arch::fence_view_async_shared();
   NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // K and V have landed
 
-  for (int t = 0; t < w.iters; ++t) {
-    const int st = t & 1, buf = t & 1, h = w.head(t), m0 = w.m0(t, kBlockM);
+  int t = 0;
+  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+    const int st = t & 1, buf = t & 1, h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
-    const bool masked = !mask.block_full(m0, min(m0 + kBlockM, s.sq), n0, n0 + kBlockN) || n0 + kBlockN > s.sk;
     bars.full[st].wait((t >> 1) & 1);
     if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
 
@@ -395,7 +457,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const float* lse = rows + st * 2 * kBlockM;
     Tensor dsc = make_tensor<float>(shape(s_rc));
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
-    scores_to_pt<kMods>(f, mask, hd, masked, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
+    if constexpr (kVariant)
+      scores_to_pt<kMods>(f, var, hd, x.mode, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
+    else
+      scores_to_pt<kMods>(f, var.mask, hd, w.mode(h, m0), n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
     warpgroup_wait<0>();
     dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, TileDsum<kCols>(c, lse + kBlockM));
 
@@ -406,10 +471,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       copy(st_ds, st_ds_thr.retile_S(rdSt), st_ds_thr.partition_D(sdSt(_, _, buf)));
       cutlass::arch::fence_view_async_shared();
       NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // both warpgroups' columns of P^T, dS^T are in
-      gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sPt(_, _, buf)), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_v, tv.partition_fragment_A(sPt(_, _, buf)), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, tkv.partition_fragment_A(sdSt(_, _, buf)), dQt_b(_, _, _, st), acc_dk);
     } else {
-      gemm_wg<false>(mma_kv, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
+      gemm_wg<false>(mma_v, make_tensor(rPt.data(), acc_as_a(rPt.layout())), ddOt_b(_, _, _, st), acc_dv);
       gemm_wg<false>(mma_kv, make_tensor(rdSt.data(), acc_as_a(rdSt.layout())), dQt_b(_, _, _, st), acc_dk);
       copy(st_ds, st_ds_thr.retile_S(rdSt), st_ds_thr.partition_D(sdSt(_, _, buf)));
       cutlass::arch::fence_view_async_shared();
@@ -446,7 +511,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch + k_row0 * p.dk_row + hk * p.dk_head;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch + k_row0 * p.dv_row + hk * p.dv_head;
   Tensor gdK = make_tensor(make_gmem_ptr(dk), TileKV{}, make_stride(p.dk_row, _1{}));
-  Tensor gdV = make_tensor(make_gmem_ptr(dv), TileKV{}, make_stride(p.dv_row, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv), TileV{}, make_stride(p.dv_row, _1{}));
   const float dk_scale = ds_scale(f);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
@@ -454,11 +519,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const std::int64_t row0 = hk * p.rows_k_total + (f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k) + n0;
     Tensor ckv = tkv.partition_C(make_identity_tensor(TileKV{}));
     add_acc_quads<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
-    add_acc_quads<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
+    add_acc_quads<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, tv.partition_C(make_identity_tensor(TileV{})),
+                            s.sk - n0);
     return;
   }
   store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tc, sync);
-  store_acc<T, typename T::MmaKV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tc, sync);
+  store_acc<T, typename T::MmaV>(acc_dv, sV, gdV, s.sk - n0, f.d_v, tc, sync);
 #endif
 }
 

@@ -29,16 +29,21 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
 // and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
-// head dim 128 runs the portable kernels.
-template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; };
+// head dim 128, and with chunks, document ids or a block mask, runs the portable kernels.
+// narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
+template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 64> {
   using type = BwdTraitsSm90<E, 64, 128, 128>;
   using mods = BwdTraitsSm90<E, 64, 64, 128>;
+  using narrow_v = void;
 };
-template <class T> struct BwdConfigSm90One { using type = T; using mods = T; };
+template <class T> struct BwdConfigSm90One { using type = T; using mods = T; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
 template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
-template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {};
+// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192.
+template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {
+  using narrow_v = BwdTraitsSm90<E, 192, 64, 64, 128>;
+};
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
@@ -81,13 +86,13 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 }
 
 // Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
-template <class H, bool kMods>
+template <class H, bool kMods, bool kVariant>
 void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
   if (grid.x == 0) return;
-  auto kernel = bwd_kernel_sm90<H, kMods, false>;
-  if constexpr (H::kBulkDq) {
-    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true>;
+  auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
+  if constexpr (H::kBulkDq && !kVariant) {
+    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
   }
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, H::kSmemBytes),
         "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
@@ -103,8 +108,15 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
     if (bwd_runs_sm90<kDtype, kHeadDim>(g)) {
+      // Variants take the modifiers' instantiation (one more kernel per head dim, not two): the
+      // score transform costs little beside what chunks, document ids and block masks cost.
       using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
-      return g.mods ? launch_bwd_sm90<HM, true>(p, g) : launch_bwd_sm90<H, false>(p, g);
+      using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
+      if (g.variant) return launch_bwd_sm90<HM, true, true>(p, g);
+      if constexpr (!std::is_void_v<HV>) {
+        if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) return launch_bwd_sm90<HV, false, false>(p, g);
+      }
+      return g.mods ? launch_bwd_sm90<HM, true, false>(p, g) : launch_bwd_sm90<H, false, false>(p, g);
     }
   }
 #endif

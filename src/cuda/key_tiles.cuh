@@ -12,12 +12,13 @@
 
 namespace tileattn::cuda {
 
-// The variant as an instantiation sees it: without kVariant, no chunks and no document ids, as
-// constants the compiler folds away.
+// The variant as an instantiation sees it: without kVariant, no chunks, no document ids and no
+// prefix (which the cuda backend does not take), as constants the compiler folds away.
 template <bool kVariant>
 __device__ __forceinline__ Variant restricted(Variant v) {
   if constexpr (!kVariant) {
     v.chunk = 0;
+    v.prefix = 0;
     v.doc_q = v.doc_k = nullptr;
   }
   return v;

@@ -140,6 +140,29 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
     }
 }
 
+// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper its own
+// kernel, with 128-column V and dO tiles), 176/96 padded within it, 192/160 on the wide kernel;
+// causal GQA, then varlen with a sequence that ends inside a query tile (its dO rows zeroed).
+TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
+  const std::uint64_t seed = fresh_seed();
+  for (auto [d, dv] : {std::pair{192, 128}, std::pair{176, 96}, std::pair{192, 160}}) {
+    Case c = base_case(DType::bf16, 300, 457, d);
+    c.hdim_v = dv;
+    check_case(c, seed + d + dv);
+    c.heads_q = 4;
+    c.options.causal = true;
+    check_case(c, seed + d + dv + 1);
+    c.dtype = DType::f16;
+    c.varlen = true;
+    c.lens_q = {77, 200};
+    c.lens_k = {130, 457};
+    c.seqlen_q = 200;
+    c.seqlen_k = 457;
+    check_case(c, seed + d + dv + 2);
+    if (HasFailure()) return;
+  }
+}
+
 // Random draws over every feature at once (masks, softcap, ALiBi, dropout, GQA, varlen with empty
 // sequences, strided views, hdim_v != hdim_qk), on odd sizes.
 TEST_F(GpuBackward, RandomSweep) {
