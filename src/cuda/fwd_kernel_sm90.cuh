@@ -36,9 +36,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto smem = [&](int offset) { return make_smem_ptr(reinterpret_cast<Element*>(smem_sm90 + offset)); };
   Tensor sQ = make_tensor(smem(0), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(smem(T::kOffsetK), typename T::SmemLayoutKV{});
-  Tensor sV = make_tensor(smem(T::kOffsetV), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(smem(T::kOffsetV), typename T::SmemLayoutV{});
   Tensor sVt = make_tensor(smem(T::kOffsetV), typename T::SmemLayoutVt{});
-  Tensor sO = make_tensor(smem(T::kOffsetO), typename T::SmemLayoutQ{});  // where kOwnO
+  Tensor sO = make_tensor(smem(T::kOffsetO), typename T::SmemLayoutO{});  // where kOwnO
 
   const int warp_group = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (threadIdx.x == 0) {
@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   pp.num_consumers = T::kConsumers;
   pp.transaction_bytes = T::kTileKVBytes;
   Pipeline pk(bars.k, pp, Shape<_1, _1, _1>{});
+  pp.transaction_bytes = T::kTileVBytes;
   Pipeline pv(bars.v, pp, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized
 
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         fwd_sm90_store_empty<T>(p, g, tc);
         continue;
       }
-      Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
+      Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{});
       Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
       constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
       OnlineSoftmax<kRows> softmax;

@@ -33,12 +33,17 @@ template <class E> struct FwdConfig<E, 256> { using type = FwdTraits<E, 256, 64,
 // registers and shared memory allow: the S accumulators (block_n / 2 per thread) sit beside O's
 // (head_dim / 2). At head dim 128, 176-key tiles or three stages (either leaves O no buffer of its
 // own) measured slower on nearly every row (bench/notes/forward.md).
+// narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
+template <class T> struct FwdConfigSm90Of { using type = T; using narrow_v = void; };
 template <class E, int D> struct FwdConfigSm90;
-template <class E> struct FwdConfigSm90<E, 64> { using type = FwdTraitsSm90<E, 64, 128>; };
-template <class E> struct FwdConfigSm90<E, 96> { using type = FwdTraitsSm90<E, 96, 128>; };
-template <class E> struct FwdConfigSm90<E, 128> { using type = FwdTraitsSm90<E, 128, 128>; };
-template <class E> struct FwdConfigSm90<E, 192> { using type = FwdTraitsSm90<E, 192, 112>; };
-template <class E> struct FwdConfigSm90<E, 256> { using type = FwdTraitsSm90<E, 256, 80>; };
+template <class E> struct FwdConfigSm90<E, 64> : FwdConfigSm90Of<FwdTraitsSm90<E, 64, 128>> {};
+template <class E> struct FwdConfigSm90<E, 96> : FwdConfigSm90Of<FwdTraitsSm90<E, 96, 128>> {};
+template <class E> struct FwdConfigSm90<E, 128> : FwdConfigSm90Of<FwdTraitsSm90<E, 128, 128>> {};
+template <class E> struct FwdConfigSm90<E, 192> {
+  using type = FwdTraitsSm90<E, 192, 112>;
+  using narrow_v = FwdTraitsSm90<E, 192, 112, 128, 2, 128>;  // 192/128 (qk/v): 128-column V and O
+};
+template <class E> struct FwdConfigSm90<E, 256> : FwdConfigSm90Of<FwdTraitsSm90<E, 256, 80>> {};
 // Head dim 64 with long sequences: three consumer warpgroups (192 query rows). Measured 5-9%
 // faster from 2k keys without a mask and from 8k with one; shorter, the last tile's unused rows
 // and the wider tiles across the diagonal cost more than the third warpgroup gains
@@ -116,6 +121,10 @@ void launch_fwd(const FwdParams& p, const FwdGrid& g) {
   if constexpr (!std::is_void_v<Tall>) {
     const bool masked = g.tile_counter != nullptr;  // a mask or varlen: the tiles differ in cost
     if (g.sm90a && g.max_seqlen_q >= (masked ? 8192 : 2048) && tiles_fit_blocks<Tall>(g)) return launch_sm90<Tall>(p, g);
+  }
+  using HV = typename FwdConfigSm90<E, kHeadDim>::narrow_v;
+  if constexpr (!std::is_void_v<HV>) {
+    if (g.sm90a && !g.mods && !g.variant && p.d_v <= HV::kHeadDimV) return launch_sm90_as<HV, false, false>(p, g);
   }
   if (g.sm90a && tiles_fit_blocks<H>(g)) return launch_sm90<H>(p, g);
 #endif

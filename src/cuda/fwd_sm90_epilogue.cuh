@@ -34,7 +34,7 @@ template <class T, int kRows, class AccO, class SO>
 __device__ __forceinline__ void fwd_sm90_store(const FwdParams& p, const FwdTile& g, const AccO& acc_o,
                                                const float (&lse)[kRows], SO& sO, int tc) {
   using Element = typename T::Element;
-  constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDim = T::kHeadDimV;  // O's columns
   const int wg = tc / 128, tw = tc % 128, row0 = 64 * wg;
   typename T::MmaO mma_o;
   Tensor cO = mma_o.get_thread_slice(tc).partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<kHeadDim>>{}));

@@ -46,10 +46,13 @@ struct FwdBarriersSm90 {
 inline constexpr int kBarrierTurn = 0;
 inline constexpr int kBarrierWarpGroup = 3;
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kBlockM_ = 128, int kStages_ = 2>
+// kHeadDim: Q's and K's head dim; kHeadDimV: V's and O's (narrower for 192/128, which would
+// otherwise pay 192 columns in P V and O's registers).
+template <class Element_, int kHeadDim_, int kBlockN_, int kBlockM_ = 128, int kStages_ = 2, int kHeadDimV_ = kHeadDim_>
 struct FwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
   static constexpr int kWarpGroups = kBlockM / 64;  // consumers: a warpgroup per 64 query rows
   static constexpr int kConsumers = kWarpGroups * 128;
   static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
@@ -57,25 +60,28 @@ struct FwdTraitsSm90 {
   // 40 (consumers 232) was 3-7% slower at head dims 64 and 256 and gained only at 128 with 16k keys.
   static constexpr int kProducerRegs = kWarpGroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kWarpGroups == 2 ? 240 : 160;
-  static_assert((kWarpGroups == 2 || kWarpGroups == 3) && kBlockN % 16 == 0 && kHeadDim % 32 == 0);
+  static_assert((kWarpGroups == 2 || kWarpGroups == 3) && kBlockN % 16 == 0 && kHeadDim % 32 == 0 &&
+                kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim);
 
   using WarpGroups = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
   using MmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>>(), WarpGroups{}));
   using MmaO = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       WarpGroups{}));
 
-  static constexpr int kChunk = kHeadDim % 64 == 0 ? 64 : 32;
-  using SmemAtom =
-      std::conditional_t<kChunk == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  template <int kD>  // 128-byte swizzle atoms where the head dim is a multiple of 64 columns
+  using AtomOf =
+      std::conditional_t<kD % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(tile_to_shape(AtomOf<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(AtomOf<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(AtomOf<kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutO = decltype(tile_to_shape(AtomOf<kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   using StoreOAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
-  using GmemStore = typename GmemCopies<Element, 128, kChunk>::Store;  // one warpgroup's rows
+  using GmemStore = typename GmemCopies<Element, 128, kHeadDimV % 64 == 0 ? 64 : 32>::Store;  // a warpgroup's rows
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   // Global tensors as (rows, head dim, heads, batch).
@@ -84,18 +90,21 @@ struct FwdTraitsSm90 {
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{})));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{})));
 
   static constexpr int kTileQBytes = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kTileKVBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileKVBytes = kBlockN * kHeadDim * int(sizeof(Element));  // a K stage
+  static constexpr int kTileVBytes = kBlockN * kHeadDimV * int(sizeof(Element));
+  static constexpr int kTileOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
   static constexpr int kOffsetK = kTileQBytes;
   static constexpr int kOffsetV = kOffsetK + kStages * kTileKVBytes;
-  static constexpr int kOffsetO = kOffsetV + kStages * kTileKVBytes;
+  static constexpr int kOffsetO = kOffsetV + kStages * kTileVBytes;
   // O goes out through a buffer of its own where one fits (16-byte stores); otherwise straight from
   // the accumulators (4-byte stores, half of each 32-byte sector a warp writes): sharing Q's buffer
   // would hold the next tile's Q back until the epilogue ends, sharing V's would wait for both
   // warpgroups to be done with V.
-  static constexpr bool kOwnO = kOffsetO + kTileQBytes + 1024 <= 227 * 1024;
-  static constexpr int kOffsetBarriers = kOffsetO + (kOwnO ? kTileQBytes : 0);
+  static constexpr bool kOwnO = kOffsetO + kTileOBytes + 1024 <= 227 * 1024;
+  static constexpr int kOffsetBarriers = kOffsetO + (kOwnO ? kTileOBytes : 0);
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(FwdBarriersSm90<kStages>));
 };
 
@@ -103,7 +112,8 @@ struct FwdTraitsSm90 {
 template <class T>
 struct FwdTmaSm90 {
   typename T::TmaQ q;
-  typename T::TmaKV k, v;
+  typename T::TmaKV k;
+  typename T::TmaV v;
   typename T::GmemShape q_shape, k_shape, v_shape;
 };
 
@@ -118,28 +128,29 @@ FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
   auto v = tma_gmem_view<Element>(p.v, p.k_rows, p.d_v, heads_kv, entries, p.v_row, p.v_head, p.v_batch);
   return {make_tma_copy(SM90_TMA_LOAD{}, q, typename T::SmemLayoutQ{}),
           make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename T::SmemLayoutKV{})),
-          make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename T::SmemLayoutKV{})),
+          make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename T::SmemLayoutV{})),
           q.shape(), k.shape(), v.shape()};
 }
 
 // The producer thread's loads for one tile with keys, in the order the consumers use them, over
 // the key tiles the tile visits (from the top down): K[top], Q, then K[next] beside V[n], and the
 // last visited V last. q_loads counts the Q loads before this one (the phase of Q's barriers).
-template <class T, bool kVariant, class SQ, class SKV>
+template <class T, bool kVariant, class SQ, class SK, class SV>
 __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm90<T>& tma, const FwdTile& g, SQ& sQ,
-                                              SKV& sK, SKV& sV,
+                                              SK& sK, SV& sV,
                                               typename T::Pipeline& pk, typename T::Pipeline& pv,
                                               cutlass::PipelineState<T::kStages>& st,
                                               FwdBarriersSm90<T::kStages>& bars, int q_loads) {
   using TileQ = Shape<Int<T::kBlockM>, Int<T::kHeadDim>>;
   using TileKV = Shape<Int<T::kBlockN>, Int<T::kHeadDim>>;
+  using TileV = Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>;
   const int b = get<3>(tma.q_shape) == 1 ? 0 : g.b;  // varlen: one packed batch entry
   Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, g.h, b);
   Tensor mK = tma.k.get_tma_tensor(tma.k_shape)(_, _, g.hk, b);
   Tensor mV = tma.v.get_tma_tensor(tma.v_shape)(_, _, g.hk, b);
   Tensor gQ = local_tile(domain_offset(make_coord(g.q_start, _0{}), mQ), TileQ{}, make_coord(g.m_block, _0{}));
   Tensor gK = local_tile(domain_offset(make_coord(g.k_start, _0{}), mK), TileKV{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(domain_offset(make_coord(g.k_start, _0{}), mV), TileKV{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(domain_offset(make_coord(g.k_start, _0{}), mV), TileV{}, make_coord(_, _0{}));
   auto cq = tma.q.get_slice(_0{});
   auto ck = tma.k.get_slice(_0{});
   auto cv = tma.v.get_slice(_0{});
@@ -180,7 +191,7 @@ __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm
 // Each warpgroup writes the same zeros before its own product reads the stage.
 template <class T, class SV>
 __device__ __forceinline__ void zero_v_rows(SV&& sV, int first, int tw, int wg) {
-  constexpr int kChunks = T::kHeadDim / 8;
+  constexpr int kChunks = T::kHeadDimV / 8;
   for (int i = tw; i < (T::kBlockN - first) * kChunks; i += 128) {
     const int r = first + i / kChunks, c = i % kChunks;
     *reinterpret_cast<uint128_t*>(&sV(r, c * 8)) = uint128_t{0, 0};
@@ -192,8 +203,8 @@ __device__ __forceinline__ void zero_v_rows(SV&& sV, int first, int tw, int wg) 
 // One consumer warpgroup's work on a tile with keys: O (unnormalized) in acc_o and the row
 // statistics in softmax. Key tiles are visited from the last to the first (those the tile visits);
 // only tiles the mask cuts pay for masking. st is the pipelines' read state; q_phase the phase of Q's barrier.
-template <class T, bool kMods, bool kVariant, class SQ, class SKV, class SVt, class AccO, class Softmax>
-__device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& g, SQ& sQ, SKV& sK, SKV& sV, SVt& sVt,
+template <class T, bool kMods, bool kVariant, class SQ, class SK, class SV, class SVt, class AccO, class Softmax>
+__device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& g, SQ& sQ, SK& sK, SV& sV, SVt& sVt,
                                              typename T::Pipeline& pk, typename T::Pipeline& pv,
                                              cutlass::PipelineState<T::kStages>& st,
                                              FwdBarriersSm90<T::kStages>& bars, int q_phase, AccO& acc_o,

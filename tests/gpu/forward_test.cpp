@@ -286,6 +286,32 @@ TEST_F(GpuForward, LongSequencesAndGqa) {
   check_case(d, seed + 4);
 }
 
+// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper its own
+// kernel, 128-column V and O), 176/96 padded within it, 192/160 on the wide kernel; causal GQA over
+// several key tiles, varlen (a V tile past a sequence's end zeroed), and a softcap (the modifiers'
+// kernel, V padded).
+TEST_F(GpuForward, ValueHeadDimBelowQueryKeyHeadDim) {
+  const std::uint64_t seed = test::fresh_seed();
+  for (auto [d, dv] : {std::pair{192, 128}, std::pair{176, 96}, std::pair{192, 160}}) {
+    Case c;
+    c.hdim_qk = d;
+    c.hdim_v = dv;
+    c.seqlen_q = 300;
+    c.seqlen_k = 757;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    check_case(c, seed + d + dv);
+    c.causal = true;
+    c.dtype = DType::f16;
+    check_case(c, seed + d + dv + 1);
+    c.batch = 3;
+    c.varlen = true;
+    check_case(c, seed + d + dv + 2);
+    c.softcap = 20.f;
+    check_case(c, seed + d + dv + 3);
+  }
+}
+
 // More work tiles than the GPU has multiprocessors: the Hopper kernel's persistent blocks each walk
 // several tiles through their K/V pipeline and Q buffer (head dims 64 and 128 with O's own
 // buffer, 192 and 256 through Q's), with GQA, causal masks and varlen sequences.
