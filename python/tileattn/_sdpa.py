@@ -12,8 +12,7 @@ variable-length batch of each sequence's kept keys. An additive mask of 0 and -i
 boolean mask. Any other boolean mask (per head, per query row) runs block-sparse: cut into blocks of
 128 x 128, an all-False block is skipped, an all-True one runs unmasked, the others read the mask
 (tileattn.flex_attention with mask=); PyTorch tensors only, no dropout. A query row that sees no
-key gives zeros there (SDPA's math backend gives NaN). Finite biases are refused with an error that
-names attn_mask.
+key gives zeros, as SDPA's does. Finite biases are refused with an error that names attn_mask.
 """
 
 from . import _C, _checks

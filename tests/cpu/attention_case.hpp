@@ -388,8 +388,8 @@ struct CaseTensors {
       }
   }
 
-  TensorView dense_view(const Case& c) const {
-    TensorView v = dense.view();
+  // v (dense's view, or a device copy's) as the case's mask: rows repeated where rows_broadcast.
+  static TensorView dense_view(const Case& c, TensorView v) {
     if (c.dense.rows_broadcast) {
       v.shape[2] = c.dense.rows;
       v.stride[2] = 0;
@@ -400,7 +400,7 @@ struct CaseTensors {
   BlockMask block_mask(const Case& c) const {
     BlockMask m;
     if (!c.sparse.block_q) return m;
-    if (c.dense.batches) m.mask = dense_view(c);
+    if (c.dense.batches) m.mask = dense_view(c, dense.view());
     m.kv_num_blocks = kv_num.view();
     m.kv_indices = kv_idx.view();
     if (c.sparse.full_lists) {
