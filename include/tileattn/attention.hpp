@@ -39,8 +39,10 @@ namespace tileattn {
 // Element (i, j) of a partly visible block is visible iff mask[b, h, i, j] != 0 and the call's other
 // rules hold; fully visible blocks never read it, so its memory traffic is that of the partial
 // blocks alone. Indexed by positions within a sequence: batched, rows = seqlen_q and cols =
-// seqlen_k; varlen, rows and cols at least the longest sequence (max_seqlen_q and max_seqlen_k
-// serve), sequence b reading mask[b or 0, h or 0, 0 .. its seqlen_q, 0 .. its seqlen_k].
+// seqlen_k; varlen, rows and cols at least max_seqlen_q and max_seqlen_k (with cu_seqlens on the
+// host, the longest sequences suffice), sequence b reading mask[b or 0, h or 0, 0 .. its seqlen_q,
+// 0 .. its seqlen_k]. Without kv_num_blocks and kv_indices it is an error: list every block as
+// partial to apply the mask everywhere.
 struct BlockMask {
   TensorView kv_num_blocks;       // int32 [B, H, q_blocks]
   TensorView kv_indices;          // int32 [B, H, q_blocks, max_blocks]

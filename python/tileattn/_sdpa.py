@@ -15,7 +15,7 @@ boolean mask. Any other boolean mask (per head, per query row) runs block-sparse
 key gives zeros, as SDPA's does. Finite biases are refused with an error that names attn_mask.
 """
 
-from . import _C, _checks
+from . import _C, _checks, _dense_mask
 from ._arrays import is_torch
 from ._flash_api import _attend, _plain_torch
 
@@ -83,12 +83,8 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
     b, hq, sq, _ = query.shape
     sk = key.shape[-2]
     full = (b, hq, sq, sk)
-    try:
-        mask = attn_mask.expand(full)
-    except RuntimeError:
-        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
-                       f"to {full}") from None
-    if mask.dtype != torch.bool:
+    mask = attn_mask
+    if mask.dtype != torch.bool:  # on the mask's own shape: broadcasting first would materialize it whole
         if not mask.is_floating_point():
             raise _C.Error(f"tileattn.{_FN}: attn_mask has dtype {mask.dtype}, expected bool or a float dtype")
         keep = mask == 0
@@ -96,10 +92,15 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
             raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
                            "tileattn takes boolean masks and additive masks of 0 and -inf only")
         mask = keep
-    keys = mask[:, :1, :1, :]  # [b, 1, 1, sk]
-    if not bool((mask == keys).all()):
+    try:
+        mask = _dense_mask.compact(mask.expand(full))  # [b or 1, hq or 1, sq, sk]
+    except RuntimeError:
+        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
+                       f"to {full}") from None
+    same_rows = mask.stride(2) == 0 or bool((mask == mask[:, :, :1]).all())
+    if not (same_rows and bool((mask == mask[:, :1]).all())):
         return _block_sparse(query, key, value, mask, dropout_p, scale)
-    keys = keys.reshape(b, sk)
+    keys = mask[:, 0, 0, :].expand(b, sk)
     from . import _log
     _log.note("attn_mask: key-padding mask run as a variable-length batch")
     # [b, h, s, d] -> packed [b * s, h, d] of the kept keys.
@@ -118,8 +119,8 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
 
 
 def _block_sparse(query, key, value, mask, dropout_p, scale):
-    """A general boolean mask [b, hq, sq, sk] (broadcast dims of stride 0): block-sparse attention
-    with the mask as the partial blocks' element mask."""
+    """A general boolean mask [b or 1, hq or 1, sq, sk] (broadcast dims of stride 0): block-sparse
+    attention with the mask as the partial blocks' element mask."""
     if dropout_p:
         raise _C.Error(f"tileattn.{_FN}: dropout_p = {dropout_p} with an attn_mask that differs between heads or "
                        "query rows: block-sparse attention has no dropout (key-padding masks take it)")

@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   if (m0 >= s.sq) return;
   const int rows = min(kBlockM, s.sq - m0);
   Variant head_var = s.var;
-  set_dense_mask(f, head_var, b, h);
+  if constexpr (kVariant) set_dense_mask(f, head_var, b, h);
   const Variant var = restricted<kVariant>(head_var);
   const bool blocks = kVariant && f.blocks.state != nullptr;  // any key may be visible (see bwd_dkdv_kernel)
   const int key_lo = blocks ? 0 : max(var.key_begin(m0), 0);

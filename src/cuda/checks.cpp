@@ -77,8 +77,8 @@ std::string check_attention(const Problem& p, const char* what, int instance_hdi
   return {};
 }
 
-// The variant's tensors (document ids, the block mask and its dense mask) in this device's memory, and block sizes
-// the kernels' tiles divide: every kernel tile then meets one cell of the mask.
+// The variant's tensors (document ids, the block mask and its dense mask) in this device's memory,
+// and block sizes the kernels' tiles divide: every kernel tile then meets one cell of the mask.
 std::string check_variant(const Problem& p, const TensorView& doc_q, const TensorView& doc_k, const BlockMask& m) {
   const std::pair<const char*, const TensorView*> all[] = {
       {"document_ids_q", &doc_q}, {"document_ids_k", &doc_k}, {"block_mask.kv_num_blocks", &m.kv_num_blocks},

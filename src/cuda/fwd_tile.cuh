@@ -56,7 +56,7 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   t.m0 = m_block * kBlockM;
   t.rows = min(kBlockM, t.sq - t.m0);
   Variant v = sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk);
-  set_dense_mask(p, v, b, h);
+  if constexpr (kVariant) set_dense_mask(p, v, b, h);
   t.var = restricted<kVariant>(v);
   t.n_min = t.n_max = 0;
   if (t.rows > 0) {

@@ -367,7 +367,7 @@ def test_flex_attention_dense_mask_compiles_and_errors():
         tileattn.flex_attention(q, k, v, mask="mask_mod")
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked"])
+@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "dense-mask"])
 def test_flex_attention_on_cuda_matches_reference(kind):
     """CUDA tensors in bf16: out and gradients against the float64 reference with the same mask
     materialized, each error at most 2x (plus a floor) that of torch's flex_attention in bf16, the
@@ -379,12 +379,16 @@ def test_flex_attention_on_cuda_matches_reference(kind):
     batch, hq, hk, sq, d = 2, 4, 2, 640, 64
     q = torch.randn(batch, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(batch, hk, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    mask_mod, kw = _masks(flex, torch, kind, sq, sq, window=200, batch=batch)
+    if kind == "dense-mask":  # random bits under causal: the mask_mod evaluated densely, read in partial blocks
+        table = torch.rand(batch, 1, sq, sq, device="cuda") < 0.7
+        mask_mod, kw = (lambda b, h, qi, ki: table[b, 0, qi, ki] & (qi >= ki)), dict(causal=True, mask="mask_mod")
+    else:
+        mask_mod, kw = _masks(flex, torch, kind, sq, sq, window=200, batch=batch)
     if "document_ids" in kw:
         kw["document_ids"] = kw["document_ids"].cuda()
         ids = kw["document_ids"]
         mask_mod = lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)  # noqa: E731
-    per_batch = batch if kind == "documents" else None
+    per_batch = batch if kind in ("documents", "dense-mask") else None
     bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cuda", BLOCK_SIZE=128)
     # Half the kinds skip the host copy of the mask (check_device_indices=False): the same results.
     got = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True,
