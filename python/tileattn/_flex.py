@@ -16,7 +16,7 @@ autograd); flex_attention is the PyTorch function, with autograd and torch.compi
 tileattn::flex_fwd custom op.
 """
 
-from . import _C, _checks, _config, _dense_mask, _functional
+from . import _C, _checks, _config, _dense_mask, _functional, _log
 from ._arrays import empty, is_torch, native
 
 
@@ -49,6 +49,12 @@ def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, b
                 document_ids_k=_nat(docs_k), prefix_lens=_nat(prefix_lens))
 
 
+def _features(kv_num_blocks, document_ids, mask):
+    """The call's block-sparse features, for the log line."""
+    docs = document_ids is not None and not (isinstance(document_ids, (tuple, list)) and document_ids[0] is None)
+    return ("block-sparse", kv_num_blocks is not None), ("documents", docs), ("dense-mask", mask is not None)
+
+
 def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None, *,
                          block_size=128, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
                          alibi_slopes=None, chunk_size=0, document_ids=None, prefix_len=0, mask=None, **opts):
@@ -75,6 +81,8 @@ def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_n
         native(q), native(k), native(v), native(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         alibi_slopes, **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size,
                                    document_ids, prefix_lens, mask), options=o)
+    if _log.enabled:
+        _log.call("forward", q, k, varlen, o, *_features(kv_num_blocks, document_ids, mask))
     return out, lse
 
 
@@ -91,6 +99,8 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
         **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
                      prefix_lens, mask), options=o)
+    if _log.enabled:
+        _log.call("backward", q, k, cu_seqlens_q is not None, o, *_features(kv_num_blocks, document_ids, mask))
     return dq, dk, dv
 
 

@@ -323,6 +323,19 @@ def test_log_names_the_path(gen, capsys):
     assert "head dims 12/12 padded to 16/16" in err
 
 
+def test_log_names_the_block_sparse_path(gen, capsys):
+    q = randn(gen, (1, 2, 20, 16), F32, "cpu")
+    _log.set_enabled(True)
+    try:
+        run("cpu", "forward", tileattn.scaled_dot_product_attention, q, q, q,
+            attn_mask=torch.ones(20, 20, dtype=torch.bool).tril())
+    finally:
+        _log.set_enabled(False)
+    err = capsys.readouterr().err
+    assert "tileattn: forward backend=cpu_" in err and "block-sparse dense-mask" in err
+    assert "attn_mask: general mask run block-sparse" in err
+
+
 def test_build_info():
     info = tileattn.build_info()
     assert info["version"] == tileattn.__version__
