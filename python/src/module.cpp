@@ -457,8 +457,9 @@ void bind_block_sparse(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
-      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
+      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
+      "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
+      "options"_a = Options(), Release());
 
   m.def(
       "backward_block_sparse",
@@ -478,8 +479,9 @@ void bind_block_sparse(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
-      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
+      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
+      "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
+      "options"_a = Options(), Release());
 }
 
 void bind_runtime(nb::module_& m) {
