@@ -23,8 +23,8 @@ namespace tileattn {
 // sizes positive multiples of 16; FlexAttention's default 128 x 128). For each (batch, query head,
 // query block) the mask lists
 //   kv_num_blocks[b, h, qb] key blocks kv_indices[b, h, qb, 0 .. n) that are partly visible: there
-//     the element mask of the call applies (options' causal, window, chunk_size and prefix-LM, and
-//     document ids; none of them set: every element of the block is visible), and
+//     the element mask of the call applies (options' causal, window, chunk_size and prefix-LM,
+//     document ids, and `mask` below; none of them set: every element of the block is visible), and
 //   full_kv_num_blocks[b, h, qb] key blocks full_kv_indices[b, h, qb, 0 .. n) that are fully
 //     visible: no element mask at all (optional, both or neither);
 // every other key block is skipped. Entries past a row's count are ignored; a key block may appear
@@ -33,11 +33,22 @@ namespace tileattn {
 // q_blocks >= ceil(seqlen_q / block_q) (max_seqlen_q for varlen), and indices < ceil(seqlen_k /
 // block_k). The cuda backend takes block sizes that are multiples of 128. Score modifications (scale, softcap, ALiBi) and dropout apply to every visited element.
 // Rows that see no key get out = 0, lse = -inf.
+//
+// mask (optional): a dense boolean element mask, u8 (non-zero = visible) [B, H, rows, cols] with
+// B 1 or batch, H 1 or heads_q, any strides (a broadcast dim may have stride 0), on q's device.
+// Element (i, j) of a partly visible block is visible iff mask[b, h, i, j] != 0 and the call's other
+// rules hold; fully visible blocks never read it, so its memory traffic is that of the partial
+// blocks alone. Indexed by positions within a sequence: batched, rows = seqlen_q and cols =
+// seqlen_k; varlen, rows and cols at least max_seqlen_q and max_seqlen_k (with cu_seqlens on the
+// host, the longest sequences suffice), sequence b reading mask[b or 0, h or 0, 0 .. its seqlen_q,
+// 0 .. its seqlen_k]. Without kv_num_blocks and kv_indices it is an error: list every block as
+// partial to apply the mask everywhere.
 struct BlockMask {
   TensorView kv_num_blocks;       // int32 [B, H, q_blocks]
   TensorView kv_indices;          // int32 [B, H, q_blocks, max_blocks]
   TensorView full_kv_num_blocks;  // optional int32 [B, H, q_blocks]
   TensorView full_kv_indices;     // optional int32 [B, H, q_blocks, max_full_blocks]
+  TensorView mask;                // optional u8 [B, H, rows, cols]: the partial blocks' element mask
   int block_q = 128, block_k = 128;
 
   bool present() const { return kv_num_blocks.present(); }

@@ -7,7 +7,8 @@
 
 namespace tileattn {
 
-enum class DType : std::uint8_t { f32, f16, bf16, i32 };
+// u8: one byte per element, for boolean masks (non-zero = true; PyTorch's bool and uint8 alike).
+enum class DType : std::uint8_t { f32, f16, bf16, i32, u8 };
 enum class DeviceType : std::uint8_t { cpu, cuda };
 
 struct Device {

@@ -95,7 +95,8 @@ class ScratchSizes {
     add(o.dropout_p);
   }
   void add(const BlockMask& m) {
-    for (const TensorView* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices}) add(*t);
+    for (const TensorView* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices, &m.mask})
+      add(*t);
     add(std::int64_t{m.block_q});
     add(std::int64_t{m.block_k});
   }
@@ -426,12 +427,13 @@ void bind_calls(nb::module_& m) {
 // Block-sparse attention and document ids: forward and backward with an optional block mask (see
 // BlockMask in attention.hpp) and optional document ids.
 BlockMask block_mask(const char* fn, const OptIn& num, const OptIn& idx, const OptIn& full_num, const OptIn& full_idx,
-                     int block_q, int block_k) {
+                     const OptIn& dense, int block_q, int block_k) {
   BlockMask m;
   m.kv_num_blocks = to_view(fn, "kv_num_blocks", num);
   m.kv_indices = to_view(fn, "kv_indices", idx);
   m.full_kv_num_blocks = to_view(fn, "full_kv_num_blocks", full_num);
   m.full_kv_indices = to_view(fn, "full_kv_indices", full_idx);
+  m.mask = to_view(fn, "mask", dense);
   m.block_q = block_q;
   m.block_k = block_k;
   return m;
@@ -443,10 +445,10 @@ void bind_block_sparse(nb::module_& m) {
       "forward_block_sparse",
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse, const OptIn& cu_q,
          const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx,
-         const OptIn& full_num, const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q,
-         const OptIn& docs_k, const OptIn& prefix_lens, const Options& o) {
+         const OptIn& full_num, const OptIn& full_idx, const OptIn& dense, int block_q, int block_k,
+         const OptIn& docs_q, const OptIn& docs_k, const OptIn& prefix_lens, const Options& o) {
         ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o);
-        a.block_mask = block_mask("forward", num, idx, full_num, full_idx, block_q, block_k);
+        a.block_mask = block_mask("forward", num, idx, full_num, full_idx, dense, block_q, block_k);
         a.document_ids_q = to_view("forward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("forward", "document_ids_k", docs_k);
         a.prefix_lens = to_view("forward", "prefix_lens", prefix_lens);
@@ -455,19 +457,20 @@ void bind_block_sparse(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = nb::none(), "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
-      "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
+      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
+      "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
+      "options"_a = Options(), Release());
 
   m.def(
       "backward_block_sparse",
       [](const Input& q, const Input& k, const Input& v, const Input& out, const Input& dout, const OptIn& lse,
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
          int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx, const OptIn& full_num,
-         const OptIn& full_idx, int block_q, int block_k, const OptIn& docs_q, const OptIn& docs_k,
+         const OptIn& full_idx, const OptIn& dense, int block_q, int block_k, const OptIn& docs_q, const OptIn& docs_k,
          const OptIn& prefix_lens, const Options& o) {
         BackwardArgs a =
             backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi, o);
-        a.block_mask = block_mask("backward", num, idx, full_num, full_idx, block_q, block_k);
+        a.block_mask = block_mask("backward", num, idx, full_num, full_idx, dense, block_q, block_k);
         a.document_ids_q = to_view("backward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("backward", "document_ids_k", docs_k);
         a.prefix_lens = to_view("backward", "prefix_lens", prefix_lens);
@@ -476,8 +479,9 @@ void bind_block_sparse(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a = nb::none(),
       "cu_seqlens_k"_a = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "alibi_slopes"_a = nb::none(),
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
-      "full_kv_indices"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128, "document_ids_q"_a = nb::none(),
-      "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(), "options"_a = Options(), Release());
+      "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
+      "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
+      "options"_a = Options(), Release());
 }
 
 void bind_runtime(nb::module_& m) {

@@ -31,9 +31,12 @@ DType to_dtype(const char* fn, const char* name, dl::dtype t) {
     if (t.code == static_cast<std::uint8_t>(dl::dtype_code::Float) && t.bits == 16) return DType::f16;
     if (t.code == static_cast<std::uint8_t>(dl::dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == static_cast<std::uint8_t>(dl::dtype_code::Int) && t.bits == 32) return DType::i32;
+    const bool byte = t.code == static_cast<std::uint8_t>(dl::dtype_code::Bool) ||
+                      t.code == static_cast<std::uint8_t>(dl::dtype_code::UInt);
+    if (byte && t.bits == 8) return DType::u8;  // masks: bool or uint8
   }
   throw Error(std::string("tileattn::") + fn + ": " + name + " has dtype " + dlpack_dtype_name(t) +
-              ", tileattn takes f32, f16, bf16 (and i32 for index tensors)");
+              ", tileattn takes f32, f16, bf16 (and i32 for index tensors, bool or uint8 for masks)");
 }
 
 Device to_device(const char* fn, const char* name, int type, int id) {

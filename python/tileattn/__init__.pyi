@@ -101,15 +101,16 @@ def combine(out_partial: _Array, lse_partial: _Array, *, out: Optional[_Array] =
 def flex_attention(query: Any, key: Any, value: Any, block_mask: Any = ..., *, scale: Any = ...,
                    enable_gqa: Any = ..., return_lse: Any = ..., causal: Any = ..., window_size: Any = ...,
                    chunk_size: Any = ..., document_ids: Any = ..., prefix_len: Any = ..., top_left: Any = ...,
-                   softcap: Any = ..., alibi_slopes: Any = ..., check_device_indices: Any = ...) -> Any: ...
+                   softcap: Any = ..., alibi_slopes: Any = ..., mask: Any = ...,
+                   check_device_indices: Any = ...) -> Any: ...
 def block_sparse_forward(q: Any, k: Any, v: Any, kv_num_blocks: Any = ..., kv_indices: Any = ...,
                          full_kv_num_blocks: Any = ..., full_kv_indices: Any = ..., *, block_size: Any = ...,
                          cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ..., max_seqlen_q: Any = ...,
                          max_seqlen_k: Any = ..., alibi_slopes: Any = ..., chunk_size: Any = ...,
-                         document_ids: Any = ..., prefix_len: Any = ..., **opts: Any) -> Any: ...
+                         document_ids: Any = ..., prefix_len: Any = ..., mask: Any = ..., **opts: Any) -> Any: ...
 def block_sparse_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, kv_num_blocks: Any = ...,
                           kv_indices: Any = ..., full_kv_num_blocks: Any = ..., full_kv_indices: Any = ..., *,
                           block_size: Any = ..., cu_seqlens_q: Any = ..., cu_seqlens_k: Any = ...,
                           max_seqlen_q: Any = ..., max_seqlen_k: Any = ..., alibi_slopes: Any = ...,
-                          chunk_size: Any = ..., document_ids: Any = ..., prefix_len: Any = ...,
+                          chunk_size: Any = ..., document_ids: Any = ..., prefix_len: Any = ..., mask: Any = ...,
                           **opts: Any) -> Any: ...

@@ -5,16 +5,18 @@ The block mask says, per (batch, head, query block), which key blocks are partly
 block is skipped, so time goes with the visited blocks. FlexAttention evaluates a Python mask_mod
 inside the partial blocks; tileattn cannot run Python in its kernels, so the element mask of the
 partial blocks is made of its built-in rules, named by the arguments: causal, a sliding window, an
-attention chunk, prefix-LM, document ids (none of them: partial blocks fully visible). Causal and the window
-align to the top-left corner by default, as mask_mods over absolute indices do. Fully visible
-blocks take no element mask.
+attention chunk, prefix-LM, document ids (none of them: partial blocks fully visible), and where
+those cannot say it, a dense boolean mask (`mask`: a tensor, or the BlockMask's mask_mod evaluated
+densely), which the kernels read in the partial blocks only. Causal and the window align to the
+top-left corner by default, as mask_mods over absolute indices do. Fully visible blocks take no
+element mask.
 
 block_sparse_forward / block_sparse_backward are the array-level calls (NumPy, PyTorch, CuPy; no
 autograd); flex_attention is the PyTorch function, with autograd and torch.compile through the
 tileattn::flex_fwd custom op.
 """
 
-from . import _C, _checks, _config, _functional
+from . import _C, _checks, _config, _dense_mask, _functional, _log
 from ._arrays import empty, is_torch, native
 
 
@@ -38,18 +40,24 @@ def _nat(x):
 
 
 def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
-               prefix_lens=None):
+               prefix_lens=None, mask=None):
     block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
     return dict(kv_num_blocks=_nat(kv_num_blocks), kv_indices=_nat(kv_indices),
                 full_kv_num_blocks=_nat(full_kv_num_blocks), full_kv_indices=_nat(full_kv_indices),
-                block_q=int(block_q), block_k=int(block_k), document_ids_q=_nat(docs_q), document_ids_k=_nat(docs_k),
-                prefix_lens=_nat(prefix_lens))
+                mask=_nat(mask), block_q=int(block_q), block_k=int(block_k), document_ids_q=_nat(docs_q),
+                document_ids_k=_nat(docs_k), prefix_lens=_nat(prefix_lens))
+
+
+def _features(kv_num_blocks, document_ids, mask):
+    """The call's block-sparse features, for the log line."""
+    docs = document_ids is not None and not (isinstance(document_ids, (tuple, list)) and document_ids[0] is None)
+    return ("block-sparse", kv_num_blocks is not None), ("documents", docs), ("dense-mask", mask is not None)
 
 
 def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None, *,
                          block_size=128, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         alibi_slopes=None, chunk_size=0, document_ids=None, prefix_len=0, **opts):
+                         alibi_slopes=None, chunk_size=0, document_ids=None, prefix_len=0, mask=None, **opts):
     """Block-sparse attention forward on [batch, seq, heads, dim] arrays (any strides but a contiguous
     last dim; varlen as in forward). The mask's arrays are int32: counts [B, H, q_blocks], indices
     [B, H, q_blocks, n] (B in {1, batch}, H in {1, heads_q}); block_size an int or (block_q, block_k).
@@ -58,8 +66,12 @@ def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_n
     [0, prefix_len) of its sequence (with causal or window_right; no window_left or chunk_size): an
     int for every sequence, or an int32 array [batch] per sequence. opts: as tileattn.forward's
     (causal, window_left, window_right, top_left, ...). These, chunk_size, prefix_len and
-    document_ids make the element mask of the partial blocks. Without a mask (kv_num_blocks None):
-    dense attention under that element mask. Returns (out, lse)."""
+    document_ids make the element mask of the partial blocks. mask: a dense bool (or uint8) array
+    [B, H, rows, cols] (B in {1, batch}, H in {1, heads_q}, any strides; rows, cols = seq_q, seq_k,
+    varlen at least the longest sequence, indexed by positions within a sequence): element (i, j) of a
+    partial block is visible only where it is True, besides the rules above; read in partial blocks
+    only, and only with a block mask. Without a block mask (kv_num_blocks None): dense attention
+    under the element rules. Returns (out, lse)."""
     prefix, prefix_lens = _prefix("block_sparse_forward", prefix_len)
     o = _options(q, chunk_size, prefix, **opts)
     out = empty(q, tuple(q.shape[:-1]) + tuple(v.shape[-1:]))
@@ -68,14 +80,16 @@ def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_n
     _C.forward_block_sparse(
         native(q), native(k), native(v), native(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         alibi_slopes, **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size,
-                                   document_ids, prefix_lens), options=o)
+                                   document_ids, prefix_lens, mask), options=o)
+    if _log.enabled:
+        _log.call("forward", q, k, varlen, o, *_features(kv_num_blocks, document_ids, mask))
     return out, lse
 
 
 def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
                           full_kv_indices=None, *, block_size=128, cu_seqlens_q=None, cu_seqlens_k=None,
                           max_seqlen_q=0, max_seqlen_k=0, alibi_slopes=None, chunk_size=0, document_ids=None,
-                          prefix_len=0, **opts):
+                          prefix_len=0, mask=None, **opts):
     """The backward of block_sparse_forward, with the same mask and options. Returns (dq, dk, dv)."""
     prefix, prefix_lens = _prefix("block_sparse_backward", prefix_len)
     o = _options(q, chunk_size, prefix, **opts)
@@ -84,13 +98,15 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
         native(q), native(k), native(v), native(out), native(dout), lse, native(dq), native(dk), native(dv),
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
         **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
-                     prefix_lens), options=o)
+                     prefix_lens, mask), options=o)
+    if _log.enabled:
+        _log.call("backward", q, k, cu_seqlens_q is not None, o, *_features(kv_num_blocks, document_ids, mask))
     return dq, dk, dv
 
 
 def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa=False, return_lse=False,
                    causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, prefix_len=0, top_left=True,
-                   softcap=0.0, alibi_slopes=None, check_device_indices=True):
+                   softcap=0.0, alibi_slopes=None, mask=None, check_device_indices=True):
     """FlexAttention's call on tileattn: query [batch, heads_q, seq_q, d], key/value [batch, heads_kv,
     seq_k, d] (PyTorch tensors) -> out [batch, heads_q, seq_q, d_v], and lse [batch, heads_q, seq_q]
     (natural log) with return_lse. block_mask: a torch.nn.attention.flex_attention.BlockMask (its
@@ -98,8 +114,16 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     blocks' element mask is causal / window_size / chunk_size / prefix_len / document_ids), or None for
     dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
     seq_k), or a pair ([batch, seq_q], [batch, seq_k]). prefix_len: prefix-LM with causal, every row also
-    sees keys [0, prefix_len): an int, or an int32 tensor [batch] per sequence. heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
-    torch.compile. check_device_indices: a GPU-resident block mask is copied to the host and checked
+    sees keys [0, prefix_len): an int, or an int32 tensor [batch] per sequence. mask: a dense element
+    mask for what the rules above cannot say: a bool tensor broadcastable to [batch, heads_q, seq_q,
+    seq_k] (True = visible), or "mask_mod" for block_mask.mask_mod evaluated densely with broadcasting
+    index tensors (its mask_mod must be written with tensor operations, as create_mask's is). It costs
+    one byte per element of its shape (B' x H' x seq_q x seq_k, B' and H' 1 where it does not vary:
+    64 MiB for one 8k x 8k mask shared by all heads); the kernels read it in partial blocks only.
+    With a mask and no block_mask the block lists come from the mask (blocks of 128 x 128: all-False
+    skipped, all-True full, others partial). heads_kv < heads_q needs enable_gqa=True.
+    Differentiable in q, k, v; traceable by torch.compile (a mask tensor; "mask_mod" evaluates Python
+    per call). check_device_indices: a GPU-resident block mask is copied to the host and checked
     (one synchronization per call); False skips that (out-of-range entries are then ignored)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
@@ -116,12 +140,22 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     m = block_mask
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
+    lists = (None,) * 4 if m is None else (m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices)
+    dims = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    if isinstance(mask, str):
+        if mask != "mask_mod" or m is None:
+            raise ValueError(f"tileattn.flex_attention: mask = {mask!r}; the string form is \"mask_mod\", with a "
+                             "block_mask whose mask_mod is evaluated")
+        mask = _dense_mask.from_mask_mod(m.mask_mod, *dims, query.device)
+    elif mask is not None:
+        mask = _dense_mask.expand("flex_attention", mask, *dims)
+    if mask is not None and m is None:
+        lists = _dense_mask.block_lists(mask, block_q, block_k)
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
     prefix, prefix_lens = _prefix("flex_attention", prefix_len)
     out, lse = _torch_ops.flex_fwd(
-        q, k, v, None if m is None else m.kv_num_blocks, None if m is None else m.kv_indices,
-        None if m is None else m.full_kv_num_blocks, None if m is None else m.full_kv_indices, docs_q, docs_k,
-        prefix_lens, int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal),
+        q, k, v, *lists, docs_q, docs_k, prefix_lens, mask, int(block_q), int(block_k), alibi_slopes,
+        None if scale is None else float(scale), bool(causal),
         bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
         float(softcap), _config.backend, bool(check_device_indices))
     out = out.transpose(1, 2)

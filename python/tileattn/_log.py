@@ -4,7 +4,8 @@
 
 Each line names the entry point, the backend that ran it (the automatic choice resolved: cuda for
 GPU tensors, cpu_flash otherwise), the dtype and shapes, the mask and layout features that select a
-kernel variant (causal, window, varlen, paged, dropout, softcap, top-left alignment), and what the
+kernel variant (causal, window, varlen, paged, dropout, softcap, top-left alignment; block-sparse,
+document ids, a dense mask), and what the
 Python layer did on the way (head dim padded to a multiple of 8, a key-padding mask run as a
 variable-length batch, a paged varlen batch gathered, ...). Read once at import; set_enabled()
 switches it at run time.
@@ -39,12 +40,13 @@ def _shape(x):
     return "x".join(str(int(s)) for s in x.shape)
 
 
-def call(entry, q, k, indexed, o):
+def call(entry, q, k, indexed, o, *more):
+    """more: further (feature, on) pairs of the call."""
     device = q.device.type if hasattr(q, "device") and hasattr(q.device, "type") else "cpu"
     dtype = str(q.dtype).replace("torch.", "")
     feats = [f for f, on in (("causal", o.causal), ("window", o.window_left >= 0 or o.window_right >= 0),
                              ("paged" if entry == "decode" else "varlen", indexed), ("dropout", o.dropout_p > 0),
-                             ("softcap", o.softcap > 0), ("top_left", o.align.name == "top_left")) if on]
+                             ("softcap", o.softcap > 0), ("top_left", o.align.name == "top_left")) + more if on]
     line = (f"tileattn: {entry} backend={_backend(o, device)} device={device} dtype={dtype} "
             f"q={_shape(q)} k={_shape(k)} {' '.join(feats) or 'dense'}")
     if _notes:

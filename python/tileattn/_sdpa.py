@@ -9,11 +9,13 @@ SDPA's is. NumPy and CuPy arrays cross as transposed views.
 attn_mask, boolean (True = attend) or additive (float), broadcast as SDPA broadcasts it: a mask that
 is the same for every head and every query row is a key-padding mask, and runs exactly as a
 variable-length batch of each sequence's kept keys. An additive mask of 0 and -inf is the same
-boolean mask. Any other mask (per head, per query row, finite biases) is refused with an error that
-names attn_mask: the library builds its masks from structure, never from an N x N tensor.
+boolean mask. Any other boolean mask (per head, per query row) runs block-sparse: cut into blocks of
+128 x 128, an all-False block is skipped, an all-True one runs unmasked, the others read the mask
+(tileattn.flex_attention with mask=); PyTorch tensors only, no dropout. A query row that sees no
+key gives zeros, as SDPA's does. Finite biases are refused with an error that names attn_mask.
 """
 
-from . import _C, _checks
+from . import _C, _checks, _dense_mask
 from ._arrays import is_torch
 from ._flash_api import _attend, _plain_torch
 
@@ -52,7 +54,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         if is_causal:
             raise ValueError(f"tileattn.{_FN}: attn_mask and is_causal are both set; pass one (as SDPA requires)")
-        return _key_padding(query, key, value, attn_mask, dropout_p, scale)
+        return _masked(query, key, value, attn_mask, dropout_p, scale)
     if is_torch(query):
         return _attend(_FN, query, key, value, None, None, 0, 0, dropout_p, scale, is_causal, (-1, -1), 0.0, None,
                        False, top_left=True, heads_first=True, need_lse=False)[0]
@@ -74,19 +76,15 @@ def _batched_mask(mask, lead, query, key):
     return m.reshape((-1,) + full[-3:])
 
 
-def _key_padding(query, key, value, attn_mask, dropout_p, scale):
+def _masked(query, key, value, attn_mask, dropout_p, scale):
     if not is_torch(query) or not is_torch(attn_mask):
         raise _C.Error(f"tileattn.{_FN}: attn_mask is supported for PyTorch tensors only")
     import torch
     b, hq, sq, _ = query.shape
     sk = key.shape[-2]
     full = (b, hq, sq, sk)
-    try:
-        mask = attn_mask.expand(full)
-    except RuntimeError:
-        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
-                       f"to {full}") from None
-    if mask.dtype != torch.bool:
+    mask = attn_mask
+    if mask.dtype != torch.bool:  # on the mask's own shape: broadcasting first would materialize it whole
         if not mask.is_floating_point():
             raise _C.Error(f"tileattn.{_FN}: attn_mask has dtype {mask.dtype}, expected bool or a float dtype")
         keep = mask == 0
@@ -94,12 +92,15 @@ def _key_padding(query, key, value, attn_mask, dropout_p, scale):
             raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
                            "tileattn takes boolean masks and additive masks of 0 and -inf only")
         mask = keep
-    keys = mask[:, :1, :1, :]  # [b, 1, 1, sk]
-    if not bool((mask == keys).all()):
-        raise _C.Error(f"tileattn.{_FN}: attn_mask differs between heads or query rows; tileattn takes "
-                       "key-padding masks (one set of keys per batch entry) here, and builds causal, window "
-                       "and document masks from structure (flash_attn_func, flash_attn_varlen_func)")
-    keys = keys.reshape(b, sk)
+    try:
+        mask = _dense_mask.compact(mask.expand(full))  # [b or 1, hq or 1, sq, sk]
+    except RuntimeError:
+        raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
+                       f"to {full}") from None
+    same_rows = mask.stride(2) == 0 or bool((mask == mask[:, :, :1]).all())
+    if not (same_rows and bool((mask == mask[:, :1]).all())):
+        return _block_sparse(query, key, value, mask, dropout_p, scale)
+    keys = mask[:, 0, 0, :].expand(b, sk)
     from . import _log
     _log.note("attn_mask: key-padding mask run as a variable-length batch")
     # [b, h, s, d] -> packed [b * s, h, d] of the kept keys.
@@ -115,3 +116,15 @@ def _key_padding(query, key, value, attn_mask, dropout_p, scale):
     out, _ = _attend(_FN, packed(query, sq), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
                      None, False, top_left=True)
     return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()
+
+
+def _block_sparse(query, key, value, mask, dropout_p, scale):
+    """A general boolean mask [b or 1, hq or 1, sq, sk] (broadcast dims of stride 0): block-sparse
+    attention with the mask as the partial blocks' element mask."""
+    if dropout_p:
+        raise _C.Error(f"tileattn.{_FN}: dropout_p = {dropout_p} with an attn_mask that differs between heads or "
+                       "query rows: block-sparse attention has no dropout (key-padding masks take it)")
+    from . import _log
+    from ._flex import flex_attention
+    _log.note("attn_mask: general mask run block-sparse (blocks of 128 x 128, the mask read in partial blocks)")
+    return flex_attention(query, key, value, scale=scale, enable_gqa=True, mask=mask).contiguous()

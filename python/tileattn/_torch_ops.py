@@ -150,16 +150,17 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
 @torch.library.custom_op("tileattn::flex_fwd", mutates_args=())
 def flex_fwd(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Optional[Tensor], kv_indices: Optional[Tensor],
              full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor], document_ids_q: Optional[Tensor],
-             document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor], block_q: int, block_k: int,
-             alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool, window_left: int,
+             document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor], mask: Optional[Tensor], block_q: int,
+             block_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool, top_left: bool,
+             window_left: int,
              window_right: int, chunk_size: int, prefix_len: int, softcap: float, backend: str,
              check_device_indices: bool) -> Tuple[Tensor, Tensor]:
     from . import _flex
     return _flex.block_sparse_forward(
         q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size=(block_q, block_k),
         alibi_slopes=alibi_slopes, chunk_size=chunk_size, document_ids=(document_ids_q, document_ids_k),
-        prefix_len=prefix_len if prefix_lens is None else prefix_lens, scale=scale, causal=causal, top_left=top_left,
-        window_left=window_left, window_right=window_right, softcap=softcap, backend=backend,
+        prefix_len=prefix_len if prefix_lens is None else prefix_lens, mask=mask, scale=scale, causal=causal,
+        top_left=top_left, window_left=window_left, window_right=window_right, softcap=softcap, backend=backend,
         check_device_indices=check_device_indices)
 
 
@@ -173,7 +174,8 @@ def _(q, k, v, *rest):
 def flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, kv_num_blocks: Optional[Tensor],
              kv_indices: Optional[Tensor], full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor],
              document_ids_q: Optional[Tensor], document_ids_k: Optional[Tensor], prefix_lens: Optional[Tensor],
-             block_q: int, block_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float], causal: bool,
+             mask: Optional[Tensor], block_q: int, block_k: int, alibi_slopes: Optional[Tensor], scale: Optional[float],
+             causal: bool,
              top_left: bool, window_left: int, window_right: int, chunk_size: int, prefix_len: int, softcap: float,
              backend: str, check_device_indices: bool) -> Tuple[Tensor, Tensor, Tensor]:
     from . import _flex
@@ -181,7 +183,7 @@ def flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
         dout, q, k, v, out, lse, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
         block_size=(block_q, block_k), alibi_slopes=alibi_slopes, chunk_size=chunk_size,
         document_ids=(document_ids_q, document_ids_k), prefix_len=prefix_len if prefix_lens is None else prefix_lens,
-        scale=scale, causal=causal, top_left=top_left, window_left=window_left, window_right=window_right,
+        mask=mask, scale=scale, causal=causal, top_left=top_left, window_left=window_left, window_right=window_right,
         softcap=softcap, backend=backend, check_device_indices=check_device_indices)
 
 
@@ -191,10 +193,10 @@ def _(dout, q, k, v, out, lse, *rest):
 
 
 def _flex_setup(ctx, inputs, output):
-    # mask: the block lists, document ids and prefix lengths
-    q, k, v, *mask, block_q, block_k, alibi_slopes = inputs[:13]
+    # mask: the block lists, document ids, prefix lengths and the dense mask
+    q, k, v, *mask, block_q, block_k, alibi_slopes = inputs[:14]
     ctx.save_for_backward(q, k, v, *output, *mask, alibi_slopes)
-    ctx.params = (block_q, block_k) + tuple(inputs[13:])
+    ctx.params = (block_q, block_k) + tuple(inputs[14:])
     ctx.mark_non_differentiable(output[1])
 
 
@@ -204,7 +206,7 @@ def _flex_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     block_q, block_k, *params = ctx.params
     dq, dk, dv = flex_bwd(dout, q, k, v, out, lse, *mask, block_q, block_k, alibi_slopes, *params)
-    return (dq, dk, dv) + (None,) * 20
+    return (dq, dk, dv) + (None,) * 21
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)

@@ -8,7 +8,8 @@
 //               transpose for the backward (which query rows a block of keys meets).
 // Every visibility rule here but document ids gives each query row one contiguous range of keys
 // whose ends never decrease with the row, so a tile of rows needs only per-row bounds and block
-// ranges stay dense; document ids are an element test on top (same_document).
+// ranges stay dense; document ids are an element test on top (same_document), and so is a
+// block-sparse call's dense boolean mask (dense_visible).
 // Block-sparse masks (an explicit list of key blocks per query block) sit on top of it: their
 // partly visible blocks take this element mask.
 #pragma once
@@ -35,6 +36,12 @@ struct Variant {
   const int* doc_q = nullptr;
   const int* doc_k = nullptr;
   long long doc_q_stride = 1, doc_k_stride = 1;
+  // A block mask's dense element mask as one query head of the sequence sees it (row i, key j at
+  // dense[i * dense_row + j * dense_col], non-zero: visible); null: none. Per head, so the backends
+  // set it where they pick the head; it reaches only partly visible blocks, which is all `visit`
+  // ever reports under a block mask with one.
+  const unsigned char* dense = nullptr;
+  long long dense_row = 0, dense_col = 1;
 
   // floor(x / chunk) * chunk for any sign of x (a query's position may be negative when
   // seqlen_q > seqlen_k under bottom-right alignment).
@@ -64,8 +71,13 @@ struct Variant {
   }
   TA_HD bool documents() const { return doc_q != nullptr; }
   TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
+  TA_HD bool dense_mask() const { return dense != nullptr; }
+  // Whether visibility has a per-element test beyond the rows' key ranges.
+  TA_HD bool element_tests() const { return documents() || dense_mask(); }
+  TA_HD bool dense_visible(int i, int j) const { return dense[i * dense_row + j * dense_col] != 0; }
   TA_HD bool visible(int i, int j) const {
-    return j >= key_begin(i) && j < key_end(i) && (!documents() || same_document(i, j));
+    return j >= key_begin(i) && j < key_end(i) && (!documents() || same_document(i, j)) &&
+           (!dense_mask() || dense_visible(i, j));
   }
 
   // Rows that may see a key of [j0, j1) (j0 < j1): [row_begin(j0), row_end(j1)), a superset
@@ -89,11 +101,11 @@ struct Variant {
 
   // Rows [i0, i1) (non-empty) against keys [j0, j1): from the end rows' ranges, since the ends
   // never decrease with the row. Exact for causal and window; under chunks a partial block may
-  // see nothing (rows of two chunks around keys between them), under document ids a block
-  // inside the ranges is partial.
+  // see nothing (rows of two chunks around keys between them), under document ids or a dense mask
+  // a block inside the ranges is partial.
   TA_HD BlockVisit visit(int i0, int i1, int j0, int j1) const {
     if (j0 >= key_end(i1 - 1) || j1 <= key_begin(i0)) return BlockVisit::skip;
-    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !documents()) return BlockVisit::full;
+    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !documents() && !dense_mask()) return BlockVisit::full;
     return BlockVisit::partial;
   }
 

@@ -33,6 +33,7 @@ struct Problem {
   bool prefix_per_seq = false;
   // Block-sparse (forward and backward): the block mask's block sizes; 0 = no block mask.
   int block_q = 0, block_k = 0;
+  bool dense_mask = false;  // the block mask has a dense element mask for its partial blocks
   // Decode only.
   bool paged = false;
   int page_size = 0;

@@ -8,6 +8,7 @@ std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f16:
     case DType::bf16: return 2;
+    case DType::u8: return 1;
     default: return 4;
   }
 }
@@ -18,6 +19,7 @@ const char* dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
+    case DType::u8: return "u8";
   }
   return "?";
 }

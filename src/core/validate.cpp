@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
+#include "core/check_tensor.hpp"
 #include "core/checked.hpp"
 #include "core/fail.hpp"
 #include "core/overlap.hpp"
@@ -24,56 +25,6 @@ namespace tileattn {
 namespace {
 
 const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
-
-// Every byte a tensor reaches must lie below 2^57, the top of the largest user address space of a
-// 64-bit machine (x86-64 with 5-level paging): a view reaching past it cannot be memory, and would
-// crash the kernels rather than read it. Then every sum of two byte offsets of a call, and every
-// difference of two addresses the overlap check forms, fits in int64 with room to spare.
-constexpr std::int64_t kMaxExtentBytes = std::int64_t{1} << 57;
-
-// The view itself: present, rank, enums (dtype, device), non-negative shape, an element count and a
-// byte extent that fit (checked arithmetic; the addresses it spans must not wrap around), data
-// where there are elements, a contiguous last dim.
-void check_tensor(const char* fn, const char* name, const TensorView& t, int ndim) {
-  if (!t.present()) fail(fn, name, " is required but absent");
-  if (t.ndim < 1 || t.ndim > kMaxDims) fail(fn, name, " has rank ", t.ndim, ", outside [1, ", kMaxDims, "]");
-  if (t.ndim != ndim)
-    fail(fn, name, " must have ", ndim, " dimensions, got ", t.ndim, " (shape ", shape_str(t), ")");
-  if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::i32))
-    fail(fn, name, ".dtype = ", static_cast<unsigned>(t.dtype), " is not a tileattn::DType");
-  if (static_cast<unsigned>(t.device.type) > static_cast<unsigned>(DeviceType::cuda))
-    fail(fn, name, ".device.type = ", static_cast<unsigned>(t.device.type), " is not a tileattn::DeviceType");
-  if (t.device.index < 0) fail(fn, name, ".device.index = ", t.device.index, " is negative");
-  for (int d = 0; d < ndim; ++d)
-    if (t.shape[d] < 0) fail(fn, name, ".shape[", d, "] = ", t.shape[d], " is negative");
-  std::int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) {
-    const auto m = checked_mul(n, t.shape[d]);
-    if (!m) fail(fn, name, " with shape ", shape_str(t), " has more elements than fit in int64");
-    n = *m;
-  }
-  if (n > 0 && t.data == nullptr) fail(fn, name, " has ", n, " elements but a null data pointer");
-  if (t.shape[ndim - 1] > 1 && t.stride[ndim - 1] != 1)
-    fail(fn, name, ".stride[", ndim - 1, "] = ", t.stride[ndim - 1], ", the last dimension must be contiguous (stride 1)");
-  if (n == 0) return;
-  // Bytes below and above the data pointer that the view reaches.
-  std::int64_t below = 0, above = static_cast<std::int64_t>(dtype_size(t.dtype));
-  bool ok = true;
-  for (int d = 0; d < ndim && ok; ++d) {
-    if (t.shape[d] <= 1 || t.stride[d] == 0) continue;
-    const auto step = checked_mul(t.stride[d], static_cast<std::int64_t>(dtype_size(t.dtype)));
-    auto span = step ? checked_mul(t.shape[d] - 1, *step) : std::nullopt;
-    if (span && *span == std::numeric_limits<std::int64_t>::min()) span.reset();  // no magnitude in int64
-    const auto sum = span ? checked_add(*span > 0 ? above : below, *span > 0 ? *span : -*span) : std::nullopt;
-    ok = sum && *sum <= kMaxExtentBytes;
-    if (ok) (*span > 0 ? above : below) = *sum;
-  }
-  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
-  if (!ok || addr < static_cast<std::uintptr_t>(below) ||
-      addr - static_cast<std::uintptr_t>(below) > static_cast<std::uintptr_t>(kMaxExtentBytes - above))
-    fail(fn, name, " with shape ", shape_str(t), " and strides ", dims_str(t, t.stride), " from ", t.data,
-         " reaches outside the 2^57-byte address space");
-}
 
 // Optional views get the same check when present.
 void check_optional(const char* fn, const char* name, const TensorView& t, int ndim) {
@@ -368,7 +319,18 @@ struct Named {
   const TensorView* t;
 };
 
-void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs,
+// The inputs of a forward or backward call with its block mask's tensors (absent ones are skipped).
+std::vector<Named> with_block_mask(std::initializer_list<Named> inputs, const BlockMask& m) {
+  std::vector<Named> all(inputs);
+  all.insert(all.end(), {{"block_mask.kv_num_blocks", &m.kv_num_blocks},
+                         {"block_mask.kv_indices", &m.kv_indices},
+                         {"block_mask.full_kv_num_blocks", &m.full_kv_num_blocks},
+                         {"block_mask.full_kv_indices", &m.full_kv_indices},
+                         {"block_mask.mask", &m.mask}});
+  return all;
+}
+
+void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs, const std::vector<Named>& inputs,
                             const Options& o) {
   if (o.workspace_bytes > 0 && o.workspace == nullptr)
     fail(fn, "options.workspace is null but options.workspace_bytes = ", o.workspace_bytes);
@@ -378,10 +340,12 @@ void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs
         addr > static_cast<std::uintptr_t>(kMaxExtentBytes) - o.workspace_bytes)
       fail(fn, "options.workspace_bytes = ", o.workspace_bytes, " from ", o.workspace,
            " reaches outside the 2^57-byte address space");
-    for (const auto& list : {outputs, inputs})
-      for (const Named& t : list)
-        if (t.t->present() && range_overlaps(o.workspace, o.workspace_bytes, *t.t))
-          fail(fn, "options.workspace (", o.workspace_bytes, " bytes at ", o.workspace, ") overlaps ", t.name, " in memory");
+    auto check_workspace = [&](const Named& t) {
+      if (t.t->present() && range_overlaps(o.workspace, o.workspace_bytes, *t.t))
+        fail(fn, "options.workspace (", o.workspace_bytes, " bytes at ", o.workspace, ") overlaps ", t.name, " in memory");
+    };
+    for (const Named& t : outputs) check_workspace(t);
+    for (const Named& t : inputs) check_workspace(t);
   }
   for (const Named& o : outputs) {
     if (!o.t->present()) continue;
@@ -408,10 +372,11 @@ static Problem validate_forward(const ForwardArgs& a) {
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
   check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
-                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
-                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
-                          {"prefix_lens", &a.prefix_lens}},
+                         with_block_mask({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
+                                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
+                                          {"prefix_lens", &a.prefix_lens}},
+                                         a.block_mask),
                          a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
@@ -433,10 +398,12 @@ static Problem validate_backward(const BackwardArgs& a) {
   check_like(fn, "dk", a.dk, "k", a.k);
   check_like(fn, "dv", a.dv, "v", a.v);
   check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
-                         {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
-                          {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
-                          {"alibi_slopes", &a.alibi_slopes}, {"document_ids_q", &a.document_ids_q},
-                          {"document_ids_k", &a.document_ids_k}, {"prefix_lens", &a.prefix_lens}},
+                         with_block_mask({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout},
+                                          {"lse", &a.lse}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
+                                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
+                                          {"prefix_lens", &a.prefix_lens}},
+                                         a.block_mask),
                          a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)

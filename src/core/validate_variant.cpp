@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
+#include "core/check_tensor.hpp"
 #include "core/fail.hpp"
 #include "tileattn/error.hpp"
 
@@ -20,7 +21,27 @@ void check_int_tensor(const char* fn, const char* name, const TensorView& t, int
     fail(fn, "block_mask.", name, " is not on q's device");
   for (int d = 0; d < ndim; ++d)
     if (t.shape[d] < 0) fail(fn, "block_mask.", name, ".shape[", d, "] = ", t.shape[d], " is negative");
-  if (t.numel() > 0 && t.data == nullptr) fail(fn, "block_mask.", name, " has a null data pointer");
+  // Element count, null data and byte extent, in checked arithmetic.
+  check_tensor(fn, ("block_mask." + std::string(name)).c_str(), t, ndim, true);
+}
+
+// The dense element mask of the partial blocks: u8 [1 or batch, 1 or heads_q, rows, cols], any
+// strides, rows and cols the sequences' lengths (varlen: at least the longest).
+void check_dense_mask(const char* fn, const TensorView& t, const Device& dev, Problem& p) {
+  check_tensor(fn, "block_mask.mask", t, 4, true);
+  if (t.dtype != DType::u8) fail(fn, "block_mask.mask has dtype ", dtype_name(t.dtype), ", expected u8 (bool)");
+  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+    fail(fn, "block_mask.mask is not on q's device");
+  const std::int64_t B = t.shape[0], H = t.shape[1], rows = t.shape[2], cols = t.shape[3];
+  const bool lengths_ok = p.varlen ? rows >= p.seqlen_q && cols >= p.seqlen_k : rows == p.seqlen_q && cols == p.seqlen_k;
+  if ((B != 1 && B != p.batch) || (H != 1 && H != p.heads_q) || !lengths_ok) {
+    if (p.varlen)
+      fail(fn, "block_mask.mask has shape ", shape_str(t), ", expected [1 or batch = ", p.batch, ", 1 or heads_q = ", p.heads_q,
+           ", >= ", p.seqlen_q, ", >= ", p.seqlen_k, "] (the longest query and key sequences: positions within a sequence)");
+    fail(fn, "block_mask.mask has shape ", shape_str(t), ", expected [1 or batch = ", p.batch, ", 1 or heads_q = ", p.heads_q,
+         ", seqlen_q = ", p.seqlen_q, ", seqlen_k = ", p.seqlen_k, "]");
+  }
+  p.dense_mask = true;
 }
 
 // A host copy of a device-resident int32 tensor (row-major), and its view.
@@ -120,8 +141,11 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
 
 void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, bool read_device, Problem& p) {
   const bool any = m.kv_num_blocks.present() || m.kv_indices.present() || m.full_kv_num_blocks.present() ||
-                   m.full_kv_indices.present();
+                   m.full_kv_indices.present() || m.mask.present();
   if (!any) return;
+  if (m.mask.present() && !m.kv_num_blocks.present() && !m.kv_indices.present())
+    fail(fn, "block_mask.mask is given without block_mask.kv_num_blocks and block_mask.kv_indices: the dense mask is the "
+         "element mask of the partly visible blocks a block mask lists (list every block as partial to apply it everywhere)");
   if (!m.kv_num_blocks.present() || !m.kv_indices.present())
     fail(fn, "block_mask.kv_num_blocks and block_mask.kv_indices must be given together (",
          m.kv_num_blocks.present() ? "kv_indices" : "kv_num_blocks", " is absent)");
@@ -157,6 +181,7 @@ void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, boo
            ", expected block_mask.kv_num_blocks's ", shape_str(num));
     check_indices("full_kv_indices", m.full_kv_indices, "full_kv_num_blocks", m.full_kv_num_blocks);
   }
+  if (m.mask.present()) check_dense_mask(fn, m.mask, dev, p);
   p.block_q = m.block_q;
   p.block_k = m.block_k;
   // Device-resident values are copied here where read_device (options.check_device_indices: one

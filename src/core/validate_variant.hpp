@@ -20,8 +20,8 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
 // p.prefix_per_seq. Needs p's batch and mask; host-resident lengths are checked one by one.
 void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, const Device& dev, Problem& p);
 
-// The block mask of a forward or backward call (absent: nothing to check); fills p.block_q and
-// p.block_k. Needs p's batch, heads and sequence lengths. Counts and indices are checked element by
+// The block mask of a forward or backward call (absent: nothing to check); fills p.block_q,
+// p.block_k and p.dense_mask. Needs p's batch, heads and sequence lengths. Counts and indices are checked element by
 // element: host-resident ones always, device-resident ones where read_device (copied to the host).
 void check_block_mask(const char* fn, const BlockMask& m, const Device& dev, bool read_device, Problem& p);
 

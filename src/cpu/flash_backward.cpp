@@ -212,7 +212,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
             ScoreTile(var, rows, S, softcap ? Th : nullptr, j0, nk, !rows.full(j0, j1), true);
             Gemm(Vj, DV, 1, qt.dOT, W, dP, kBr, nk, W, DV, nullptr, false);
           }
-          if (!full && var.documents()) DocumentTile(var, rows, S, j0, nk);
+          if (!full && var.element_tests()) ElementTile(var, rows, S, j0, nk);
           if (dropout) DropTile(var, rows, dP, j0, nk);
           const VF keep_scale = hn::Set(df, dropout ? var.drop.keep_scale : 1.f);
           const VF scale = hn::Set(df, var.score.scale);
@@ -255,6 +255,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
           }
         };
         for (int h = g * p.group(); h < (g + 1) * p.group(); ++h) {
+          set_dense_mask(p, a.block_mask.mask, b, h, var);
           const float slope = alibi_slope(p, a.alibi_slopes, b, h);
           const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
           if (!sparse) {

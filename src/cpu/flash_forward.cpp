@@ -81,12 +81,12 @@ void AttendTileAmx(const AttendShape& sh, const TileRows& rows, const char* q, s
       std::ptrdiff_t kts = ks;
       const void* kt = amx::rows_operand(k + j0 * ks, kts, nk, sh.d, stage);
       amx::product(kt, kts, qt, kRow, S, kRow, amx::pad16(nk), kBr, dp, false);
-      const bool masked = !full && !rows.full(j0, j1), documents = !full && sh.var.documents();
-      if (scale_only && !masked && !documents) {
+      const bool masked = !full && !rows.full(j0, j1), elements = !full && sh.var.element_tests();
+      if (scale_only && !masked && !elements) {
         SoftmaxStep<3>(S, nk, m, l, alpha, sh.var.score.scale * kLog2e, kMaxSlack);
       } else {
         ScoreTile(sh.var, rows, S, nullptr, j0, nk, masked);
-        if (documents) DocumentTile(sh.var, rows, S, j0, nk);
+        if (elements) ElementTile(sh.var, rows, S, j0, nk);
         SoftmaxStep<3>(S, nk, m, l, alpha, 1.f, kMaxSlack);
       }
       if (sh.var.dropout) DropTile(sh.var, rows, S, j0, nk);
@@ -172,6 +172,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         sh.var = p.variant(s.sq, s.sk, a.options);
         set_documents(p, a.document_ids_q, a.document_ids_k, b, s, sh.var);
         set_prefix(p, a.prefix_lens, b, sh.var);
+        set_dense_mask(p, a.block_mask.mask, b, h, sh.var);
         const float slope = alibi_slope(p, a.alibi_slopes, b, h);
         const std::uint32_t bh = static_cast<std::uint32_t>(b * p.heads_q + h);
         const char* q0 = static_cast<const char*>(a.q.data) + elem(a.q, p.varlen, b, s.q0 + i0, h) * es;

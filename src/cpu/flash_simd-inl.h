@@ -347,14 +347,20 @@ HWY_INLINE void DropTile(const Variant& var, const TileRows& rows, float* P, int
   }
 }
 
-// Masks the elements of a score tile S^T [nk][kBr] (keys from j0) whose query row and key lie in
-// different documents (the variant's document ids): a scalar pass, on tiles that need it only.
-HWY_INLINE void DocumentTile(const Variant& var, const TileRows& rows, float* S, int j0, int nk) {
-  for (int jj = 0; jj < nk; ++jj) {
-    const int dk = var.doc_k[(j0 + jj) * var.doc_k_stride];
+// Masks the elements of a score tile S^T [nk][kBr] (keys from j0) that the variant's per-element
+// tests hide: query row and key in different documents (document ids), or a zero in the dense mask.
+// A scalar pass, on tiles that need it only (Variant::element_tests, outside fully visible blocks).
+HWY_INLINE void ElementTile(const Variant& var, const TileRows& rows, float* S, int j0, int nk) {
+  if (var.documents())
+    for (int jj = 0; jj < nk; ++jj) {
+      const int dk = var.doc_k[(j0 + jj) * var.doc_k_stride];
+      for (int r = 0; r < rows.n; ++r)
+        if (var.doc_q[static_cast<long long>(rows.i[r]) * var.doc_q_stride] != dk) S[jj * kBr + r] = -kInf;
+    }
+  if (var.dense_mask())
     for (int r = 0; r < rows.n; ++r)
-      if (var.doc_q[static_cast<long long>(rows.i[r]) * var.doc_q_stride] != dk) S[jj * kBr + r] = -kInf;
-  }
+      for (int jj = 0; jj < nk; ++jj)
+        if (!var.dense_visible(rows.i[r], j0 + jj)) S[jj * kBr + r] = -kInf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +505,7 @@ HWY_INLINE void AttendTile(const AttendShape& sh, const TileRows& rows, QRow qro
       if (V == Vt) LoadTile<T>(vrow, j0, nk, DV, DV, Vt);
       Gemm(K, kld, 1, QT, kBr, S, kBr, nk, rows.w, D, nullptr, false);
       ScoreTile(sh.var, rows, S, nullptr, j0, nk, !full && !rows.full(j0, j0 + nk), prescaled);
-      if (!full && sh.var.documents()) DocumentTile(sh.var, rows, S, j0, nk);
+      if (!full && sh.var.element_tests()) ElementTile(sh.var, rows, S, j0, nk);
       SoftmaxStep(S, nk, m, l, alpha, 1.f, 0.f, rows.w);
       if (sh.var.dropout) DropTile(sh.var, rows, S, j0, nk);
       Gemm(V, 1, vld, S, kBr, OT, kBr, DV, rows.w, nk, alpha, !first);

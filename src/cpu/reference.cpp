@@ -42,6 +42,8 @@ struct Head {
   std::vector<unsigned char> blocks;
   long kblocks = 0;
   std::vector<std::int32_t> doc_q, doc_k;  // document ids of the rows and keys; empty: none
+  TensorView dense;                        // the block mask's dense element mask: [B, H, rows, cols]; absent: none
+  std::int64_t dense_b = 0, dense_h = 0;   // this head's indices into its dims 0 and 1
   int prefix = 0;                          // prefix-LM: keys [0, prefix) seen by every row
 
   long diag(int i) const { return p->bottom_right ? static_cast<long>(i) + sk - sq : i; }
@@ -54,6 +56,9 @@ struct Head {
     if (p->chunk > 0 && std::floor(static_cast<double>(diag(i)) / p->chunk) != std::floor(static_cast<double>(j) / p->chunk))
       return false;
     if (!doc_q.empty() && doc_q[i] != doc_k[j]) return false;
+    if (dense.present() && dense.ptr<const unsigned char>()[dense_b * dense.stride[0] + dense_h * dense.stride[1] +
+                                                           i * dense.stride[2] + j * dense.stride[3]] == 0)
+      return false;
     return true;
   }
   bool visible(int i, int j) const {
@@ -156,7 +161,7 @@ void gather_documents(const Problem& p, const TensorView& ids_q, const TensorVie
   hd.doc_k = ids(ids_k, s.k0, s.sk);
 }
 
-// Row (b, h) of a block mask as a dense table (see Head::blocks).
+// Row (b, h) of a block mask as a dense table (see Head::blocks), and its dense element mask.
 void materialize_blocks(const Problem& p, const BlockMask& m, int b, int h, Head& hd) {
   if (!m.present()) return;
   const long qblocks = (p.seqlen_q + p.block_q - 1) / p.block_q;
@@ -175,6 +180,11 @@ void materialize_blocks(const Problem& p, const BlockMask& m, int b, int h, Head
   };
   mark(m.kv_num_blocks, m.kv_indices, 1);
   if (m.full_kv_num_blocks.present()) mark(m.full_kv_num_blocks, m.full_kv_indices, 2);
+  if (m.mask.present()) {
+    hd.dense = m.mask;
+    hd.dense_b = m.mask.shape[0] == 1 ? 0 : b;
+    hd.dense_h = m.mask.shape[1] == 1 ? 0 : h;
+  }
 }
 
 Head make_head(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -78,6 +78,15 @@ inline void set_documents(const Problem& p, const TensorView& ids_q, const Tenso
   }
 }
 
+// Query head h of sequence b: its view of a block mask's dense element mask (m; dims 0 and 1 may be
+// broadcast) into the variant, where the call has one.
+inline void set_dense_mask(const Problem& p, const TensorView& m, int b, int h, Variant& v) {
+  if (!p.dense_mask) return;
+  v.dense = m.ptr<const unsigned char>() + (m.shape[0] == 1 ? 0 : b * m.stride[0]) + (m.shape[1] == 1 ? 0 : h * m.stride[1]);
+  v.dense_row = m.stride[2];
+  v.dense_col = m.stride[3];
+}
+
 // Sequence b's prefix-LM length into its variant, where the call gives one per sequence.
 inline void set_prefix(const Problem& p, const TensorView& lens, int b, Variant& v) {
   if (p.prefix_per_seq) v.prefix = load_i32(lens, b);

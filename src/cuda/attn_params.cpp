@@ -61,6 +61,14 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
     ids(t.document_ids_q, p.doc_q, p.doc_q_batch, p.doc_q_row);
     ids(t.document_ids_k, p.doc_k, p.doc_k_batch, p.doc_k_row);
   }
+  if (pr.dense_mask) {
+    const TensorView& m = t.dense_mask;
+    p.dense = m.ptr<const unsigned char>();
+    p.dense_batch = m.shape[0] == 1 ? 0 : m.stride[0];
+    p.dense_head = m.shape[1] == 1 ? 0 : m.stride[1];
+    p.dense_row = m.stride[2];
+    p.dense_col = m.stride[3];
+  }
   return p;
 }
 

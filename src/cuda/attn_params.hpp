@@ -11,7 +11,7 @@ namespace tileattn::cuda {
 // The tensors of an attention call whose layout the kernels read through FwdParams.
 struct AttnTensors {
   const TensorView &q, &k, &v, &out, &lse, &cu_seqlens_q, &cu_seqlens_k, &alibi_slopes, &document_ids_q,
-      &document_ids_k;
+      &document_ids_k, &dense_mask;
   const Options& options;
 };
 

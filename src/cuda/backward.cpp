@@ -108,7 +108,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
 
   BwdParams p{};
   p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
-                           a.document_ids_q, a.document_ids_k, a.options});
+                           a.document_ids_q, a.document_ids_k, a.block_mask.mask, a.options});
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;

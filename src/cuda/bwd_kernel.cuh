@@ -427,7 +427,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
   const int n1 = min(n0 + kBlockN, s.sk);
-  const Variant var = restricted<kVariant>(s.var);
+  // The dense mask, where there is one, is per query head: set to each head's in turn below.
+  Variant var = restricted<kVariant>(s.var);
+  if constexpr (kVariant) set_dense_mask(f, var, b, hk * f.group);
   // A block mask's fully visible blocks take no element mask: any row may see these keys.
   const bool blocks = kVariant && f.blocks.state != nullptr;
   const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
@@ -504,6 +506,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dkdv_kernel(const __grid_c
       cp_async_fence();
     }
     const BwdHead hd(f, b, h);
+    if constexpr (kVariant) set_dense_mask(f, var, b, h);
     const int qoff = st * 2 * kTileQ;
     tile_grads<T, kMods, true>(f, var, hd, pair.mode, n0, m0, sK, sV, 0, q0, d0, qoff, sLse(st), sDsum(st), sPt, sdSt,
                                tid);
@@ -571,7 +574,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_dq_kernel(const __grid_con
   const int m0 = m_block * kBlockM;
   if (m0 >= s.sq) return;
   const int rows = min(kBlockM, s.sq - m0);
-  const Variant var = restricted<kVariant>(s.var);
+  Variant head_var = s.var;
+  if constexpr (kVariant) set_dense_mask(f, head_var, b, h);
+  const Variant var = restricted<kVariant>(head_var);
   const bool blocks = kVariant && f.blocks.state != nullptr;  // any key may be visible (see bwd_dkdv_kernel)
   const int key_lo = blocks ? 0 : max(var.key_begin(m0), 0);
   const int key_hi = blocks ? s.sk : min(var.key_end(m0 + rows - 1), s.sk);

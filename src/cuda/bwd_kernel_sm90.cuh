@@ -350,7 +350,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
-  const Variant var = restricted<kVariant>(s.var);
+  Variant var = restricted<kVariant>(s.var);
+  // The dense mask, where there is one, is per query head: the walk needs only whether there is
+  // one (the group's first head's); the consumers set each tile's head below.
+  if constexpr (kVariant) set_dense_mask(f, var, b, hk * f.group);
   const int n1 = min(n0 + kBlockN, s.sk);
   // A block mask's fully visible blocks take no element mask: any row may see these keys.
   const bool blocks = kVariant && f.blocks.state != nullptr;
@@ -457,9 +460,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const float* lse = rows + st * 2 * kBlockM;
     Tensor dsc = make_tensor<float>(shape(s_rc));
     warpgroup_wait<1>();  // S^T is done; dP^T runs on
-    if constexpr (kVariant)
-      scores_to_pt<kMods>(f, var, hd, x.mode, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
-    else
+    if constexpr (kVariant) {
+      Variant head_var = var;
+      set_dense_mask(f, head_var, b, h);
+      scores_to_pt<kMods>(f, head_var, hd, x.mode, n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
+    } else
       scores_to_pt<kMods>(f, var.mask, hd, w.mode(h, m0), n0, m0, s_rc, dsc, c, TileLse<kCols>(c, lse));
     warpgroup_wait<0>();
     dpt_to_dst<kMods>(f, hd, n0, m0, s_rc, dp_rc, dsc, c, TileDsum<kCols>(c, lse + kBlockM));

@@ -77,13 +77,13 @@ std::string check_attention(const Problem& p, const char* what, int instance_hdi
   return {};
 }
 
-// The variant's tensors (document ids, the block mask) in this device's memory, and block sizes
-// the kernels' tiles divide: every kernel tile then meets one cell of the mask.
+// The variant's tensors (document ids, the block mask and its dense mask) in this device's memory,
+// and block sizes the kernels' tiles divide: every kernel tile then meets one cell of the mask.
 std::string check_variant(const Problem& p, const TensorView& doc_q, const TensorView& doc_k, const BlockMask& m) {
   const std::pair<const char*, const TensorView*> all[] = {
       {"document_ids_q", &doc_q}, {"document_ids_k", &doc_k}, {"block_mask.kv_num_blocks", &m.kv_num_blocks},
       {"block_mask.kv_indices", &m.kv_indices}, {"block_mask.full_kv_num_blocks", &m.full_kv_num_blocks},
-      {"block_mask.full_kv_indices", &m.full_kv_indices}};
+      {"block_mask.full_kv_indices", &m.full_kv_indices}, {"block_mask.mask", &m.mask}};
   for (const auto& [name, t] : all)
     if (auto msg = where_is(name, *t); !msg.empty()) return msg;
   if (p.block_sparse() && (p.block_q % kBlockMaskTile != 0 || p.block_k % kBlockMaskTile != 0)) {

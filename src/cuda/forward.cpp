@@ -60,7 +60,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
   FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
-                                  a.document_ids_q, a.document_ids_k, a.options});
+                                  a.document_ids_q, a.document_ids_k, a.block_mask.mask, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
   const std::size_t counter = counter_bytes(pr);
   Workspace ws(a.options, counter + block_state_bytes(pr, a.block_mask), stream);

@@ -50,6 +50,11 @@ struct FwdParams {
   int chunk;                        // chunked-local attention; 0 = off
   const int *doc_q, *doc_k;         // document ids; nullptr: none
   std::int64_t doc_q_batch, doc_q_row, doc_k_batch, doc_k_row;
+  // The block mask's dense element mask (BlockMask::mask, u8); nullptr: none. Element strides, the
+  // batch and head ones 0 where the mask broadcasts over that dim; rows and keys by their positions
+  // in the sequence.
+  const unsigned char* dense;
+  std::int64_t dense_batch, dense_head, dense_row, dense_col;
   BlockState blocks;                // block-sparse: the mask's cells; blocks.state == nullptr: none
 };
 
@@ -70,6 +75,14 @@ TA_HD Variant sequence_variant(const FwdParams& p, int b, int q_start, int k_sta
     v.doc_k_stride = p.doc_k_row;
   }
   return v;
+}
+
+// Query head h's view of the dense element mask into v, a variant of sequence b; none: unchanged.
+TA_HD void set_dense_mask(const FwdParams& p, Variant& v, int b, int h) {
+  if (p.dense == nullptr) return;
+  v.dense = p.dense + b * p.dense_batch + h * p.dense_head;
+  v.dense_row = p.dense_row;
+  v.dense_col = p.dense_col;
 }
 
 }  // namespace tileattn::cuda

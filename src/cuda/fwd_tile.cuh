@@ -55,7 +55,9 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   }
   t.m0 = m_block * kBlockM;
   t.rows = min(kBlockM, t.sq - t.m0);
-  t.var = restricted<kVariant>(sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk));
+  Variant v = sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk);
+  if constexpr (kVariant) set_dense_mask(p, v, b, h);
+  t.var = restricted<kVariant>(v);
   t.n_min = t.n_max = 0;
   if (t.rows > 0) {
     // A block mask's fully visible blocks take no element mask: any key may be visible.

@@ -25,8 +25,9 @@ __device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const Vari
   }
 }
 
-// The variant's element mask: each row's key range, then, with document ids, the per-element test
-// (only inside the range and on the sequence's rows, so that no id is read past its sequence).
+// The variant's element mask: each row's key range, then, with document ids or a dense mask, the
+// per-element tests (only inside the range and on the sequence's rows, so that nothing is read past
+// the sequence).
 template <class S, class C>
 __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0) {
   CUTE_UNROLL
@@ -39,17 +40,26 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
       if (c < lo || c >= hi) s(i, j) = -INFINITY;
     }
   }
-  if (!v.documents()) return;
+  if (!v.element_tests()) return;
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
     if (row >= v.mask.seqlen_q) continue;
     const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
-    const int doc = v.doc_q[row * v.doc_q_stride];
-    CUTE_UNROLL
-    for (int j = 0; j < size<1>(s); ++j) {
-      const int c = get<1>(coord(i, j));
-      if (c >= lo && c < hi && v.doc_k[(col0 + c) * v.doc_k_stride] != doc) s(i, j) = -INFINITY;
+    if (v.documents()) {
+      const int doc = v.doc_q[row * v.doc_q_stride];
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(s); ++j) {
+        const int c = get<1>(coord(i, j));
+        if (c >= lo && c < hi && v.doc_k[(col0 + c) * v.doc_k_stride] != doc) s(i, j) = -INFINITY;
+      }
+    }
+    if (v.dense_mask()) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(s); ++j) {
+        const int c = get<1>(coord(i, j));
+        if (c >= lo && c < hi && !v.dense_visible(row, col0 + c)) s(i, j) = -INFINITY;
+      }
     }
   }
 }

@@ -30,6 +30,18 @@ struct SparseSpec {
   }
 };
 
+// A block mask's dense element mask (BlockMask::mask) of a case: u8 [batches, heads, rows, cols]
+// stored in `order` (a permutation of the dims: the mask takes any strides), or with rows
+// broadcast (one row in memory, stride 0). Each mask row is all False with probability p_empty,
+// else True with probability density, and blocks of the block mask are made all True with
+// probability p_true_block (partial blocks whose test passes everywhere). batches == 0: none.
+struct DenseSpec {
+  int batches = 0, heads = 0, rows = 0, cols = 0;
+  std::vector<int> order;
+  bool rows_broadcast = false;
+  double density = 0.5, p_empty = 0.0, p_true_block = 0.0;
+};
+
 struct Case {
   DType dtype = DType::f32;
   int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, seqlen_k = 1, hdim = 8, hdim_v = 8;
@@ -39,6 +51,7 @@ struct Case {
   std::vector<int> prefix_lens;     // prefix-LM per sequence (ForwardArgs::prefix_lens); empty: none
   Options options;
   SparseSpec sparse;
+  DenseSpec dense;
 
   std::string str() const {
     std::ostringstream os;
@@ -58,6 +71,12 @@ struct Case {
     if (sparse.block_q)
       os << " block_mask=" << sparse.pattern << " " << sparse.block_q << "x" << sparse.block_k << " dims=" << sparse.batches
          << "," << sparse.heads << (sparse.full_lists ? "" : " no-full-lists");
+    if (dense.batches)
+      os << " dense_mask=" << dense.batches << "," << dense.heads << "," << dense.rows << "," << dense.cols << " order="
+         << (dense.order.empty() ? 0 : dense.order[0]) << (dense.order.empty() ? 1 : dense.order[1])
+         << (dense.order.empty() ? 2 : dense.order[2]) << (dense.order.empty() ? 3 : dense.order[3])
+         << (dense.rows_broadcast ? " rows-broadcast" : "") << " density=" << dense.density << " empty=" << dense.p_empty
+         << " true_blocks=" << dense.p_true_block;
     if (options.scale) os << " scale=" << *options.scale;
     if (varlen) {
       os << " lens_q=";
@@ -175,6 +194,24 @@ inline void add_random_block_mask(Case& c, std::mt19937_64& rng,
   }
 }
 
+// Gives a case with a block mask a random dense element mask (DenseSpec): batch and head dims 1 or
+// full, random storage orders, varlen masks a few rows and columns longer than the longest sequence.
+inline void add_random_dense_mask(Case& c, std::mt19937_64& rng) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  DenseSpec& d = c.dense;
+  d.batches = coin(0.5) ? 1 : c.batch;
+  d.heads = coin(0.5) ? 1 : c.heads_q;
+  d.rows = c.seqlen_q + (c.varlen ? uni(0, 3) : 0);
+  d.cols = c.seqlen_k + (c.varlen ? uni(0, 3) : 0);
+  static const std::vector<std::vector<int>> orders = {{}, {}, {0, 1, 3, 2}, {1, 0, 2, 3}, {3, 2, 1, 0}};
+  d.order = orders[uni(0, static_cast<int>(orders.size()) - 1)];
+  d.rows_broadcast = coin(0.1);
+  d.density = std::uniform_real_distribution<double>(0.05, 0.95)(rng);
+  d.p_empty = coin(0.5) ? 0.0 : 0.2;
+  d.p_true_block = coin(0.5) ? 0.0 : 0.3;
+}
+
 // Turns a case into prefix-LM: causal (or a right window) beyond a prefix of random length (0, a
 // few keys, past every key), per call or per sequence; no left window or chunks, which prefix-LM
 // does not combine with.
@@ -216,6 +253,7 @@ struct CaseTensors {
   HostTensor kv_num, kv_idx, full_num, full_idx;  // the block mask, when the case has one
   HostTensor doc_q, doc_k;                        // document ids, when the case has them
   HostTensor prefix;                              // prefix-LM lengths per sequence, when the case has them
+  HostTensor dense;                               // the block mask's dense element mask, when the case has one
 
   explicit CaseTensors(const Case& c, std::mt19937_64& rng) {
     const DType t = c.dtype;
@@ -255,6 +293,7 @@ struct CaseTensors {
       for (std::int64_t i = 0; i < slopes.numel(); ++i) slopes.set(i, u(rng));
     }
     if (c.sparse.block_q) block_mask_tensors(c.sparse, rng);
+    if (c.dense.batches) dense_mask_tensor(c, rng);
     if (c.documents) document_tensors(c, rng);
     if (!c.prefix_lens.empty()) prefix = int_tensor(std::vector<std::int32_t>(c.prefix_lens.begin(), c.prefix_lens.end()));
   }
@@ -326,9 +365,42 @@ struct CaseTensors {
     if (m.full_lists) lists(2, full_num, full_idx);
   }
 
+  // DenseSpec's mask: rows_broadcast stores one row (the view repeats it with stride 0).
+  void dense_mask_tensor(const Case& c, std::mt19937_64& rng) {
+    const DenseSpec& d = c.dense;
+    const int rows = d.rows_broadcast ? 1 : d.rows;
+    dense = HostTensor(DType::u8, {d.batches, d.heads, rows, d.cols}, d.order);
+    std::bernoulli_distribution on(d.density), empty(d.p_empty), whole(d.p_true_block);
+    const int bq = std::max(1, c.sparse.block_q), bk = std::max(1, c.sparse.block_k);
+    for (int b = 0; b < d.batches; ++b)
+      for (int h = 0; h < d.heads; ++h) {
+        const std::int64_t base = (static_cast<std::int64_t>(b) * d.heads + h) * rows * d.cols;
+        for (int i = 0; i < rows; ++i) {
+          const bool none = empty(rng);
+          for (int j = 0; j < d.cols; ++j) dense.set(base + static_cast<std::int64_t>(i) * d.cols + j, !none && on(rng));
+        }
+        for (int q0 = 0; q0 < rows; q0 += bq)
+          for (int k0 = 0; k0 < d.cols; k0 += bk) {
+            if (!whole(rng)) continue;
+            for (int i = q0; i < std::min(rows, q0 + bq); ++i)
+              for (int j = k0; j < std::min(d.cols, k0 + bk); ++j) dense.set(base + static_cast<std::int64_t>(i) * d.cols + j, 1);
+          }
+      }
+  }
+
+  // v (dense's view, or a device copy's) as the case's mask: rows repeated where rows_broadcast.
+  static TensorView dense_view(const Case& c, TensorView v) {
+    if (c.dense.rows_broadcast) {
+      v.shape[2] = c.dense.rows;
+      v.stride[2] = 0;
+    }
+    return v;
+  }
+
   BlockMask block_mask(const Case& c) const {
     BlockMask m;
     if (!c.sparse.block_q) return m;
+    if (c.dense.batches) m.mask = dense_view(c, dense.view());
     m.kv_num_blocks = kv_num.view();
     m.kv_indices = kv_idx.view();
     if (c.sparse.full_lists) {

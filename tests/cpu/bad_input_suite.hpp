@@ -80,13 +80,25 @@ inline SuiteCounts run_bad_cases(const std::vector<BadCase>& cases, const std::v
   return n;
 }
 
-// One argument's field of an argument struct, and how to break its shape so that the error names it.
+// One argument's field of an argument struct (a member, or a view reached through `get`, such as the
+// block mask's), and how to break its shape so that the error names it. any_strides: the argument
+// takes any strides (no "last stride 2" case).
 template <class Args>
 struct Field {
   const char* name;
-  TensorView Args::*member;
+  std::function<TensorView&(Args&)> get;
   bool required;
   std::function<void(TensorView&)> bad_shape;
+  bool any_strides = false;
+
+  Field(const char* n, TensorView Args::*member, bool req, std::function<void(TensorView&)> bad)
+      : name(n), get([member](Args& a) -> TensorView& { return a.*member; }), required(req), bad_shape(std::move(bad)) {}
+  Field(const char* n, std::function<TensorView&(Args&)> g, bool req, std::function<void(TensorView&)> bad, bool any)
+      : name(n), get(std::move(g)), required(req), bad_shape(std::move(bad)), any_strides(any) {}
+  TensorView of(const std::function<Args()>& make) const {
+    Args a = make();
+    return get(a);
+  }
 };
 
 inline void grow_dim0(TensorView& t) { t.shape[0] += 1; }
@@ -99,14 +111,14 @@ void add_view_cases(std::vector<BadCase>& out, const std::string& fn, const std:
                     const std::function<void(const Args&)>& call, const Field<Args>& f, bool reference_tensor) {
   const std::string base = fn + " " + f.name + ": ";
   auto add = [&](const std::string& what, std::function<void(TensorView&)> mutate) {
-    out.push_back({base + what, [make, call, m = f.member, mutate] {
+    out.push_back({base + what, [make, call, get = f.get, mutate] {
                      Args a = make();
-                     mutate(a.*m);
+                     mutate(get(a));
                      call(a);
                    },
                    {f.name}});
   };
-  const TensorView v = make().*f.member;
+  const TensorView v = f.of(make);
   const int n = v.ndim;
   if (f.required) {
     add("absent", [](TensorView& t) { t = TensorView{}; });
@@ -131,7 +143,9 @@ void add_view_cases(std::vector<BadCase>& out, const std::string& fn, const std:
   // The first dimension with more than one element (its stride is free unless it is the last).
   int d0 = 0;
   while (d0 + 1 < n && v.shape[d0] <= 1) ++d0;
-  for (std::int64_t s : {std::int64_t{1} << 55, std::int64_t{1} << 61, std::numeric_limits<std::int64_t>::max(),
+  // A stride whose step alone reaches 2^57 bytes (2^55 elements of 4 bytes), then larger ones.
+  const std::int64_t past = (std::int64_t{1} << 57) / static_cast<std::int64_t>(dtype_size(v.dtype));
+  for (std::int64_t s : {past, std::int64_t{1} << 61, std::numeric_limits<std::int64_t>::max(),
                          std::numeric_limits<std::int64_t>::min() + 1, -(std::int64_t{1} << 61)})
     add("stride[" + std::to_string(d0) + "] = " + std::to_string(s), [d0, s](TensorView& t) { t.stride[d0] = s; });
   add("null data", [](TensorView& t) { t.data = nullptr; });
@@ -142,7 +156,7 @@ void add_view_cases(std::vector<BadCase>& out, const std::string& fn, const std:
     t.data = reinterpret_cast<void*>(std::uintptr_t{16});
     t.stride[d0] = -(std::int64_t{1} << 40);
   });
-  if (v.shape[n - 1] > 1) add("last stride 2", [](TensorView& t) { t.stride[t.ndim - 1] = 2; });
+  if (v.shape[n - 1] > 1 && !f.any_strides) add("last stride 2", [](TensorView& t) { t.stride[t.ndim - 1] = 2; });
   const bool ints = v.dtype == DType::i32;
   add("wrong dtype", [ints, reference_tensor](TensorView& t) {
     t.dtype = ints ? DType::f32 : reference_tensor ? DType::i32 : (t.dtype == DType::f16 ? DType::bf16 : DType::f16);
@@ -163,34 +177,34 @@ void add_alias_cases(std::vector<BadCase>& out, const std::string& fn, const std
   for (const auto& w : written) {
     for (const auto& o : all) {
       if (o.name == std::string(w.name)) continue;
-      out.push_back({fn + " " + w.name + " aliases " + o.name, [make, call, wm = w.member, om = o.member] {
+      out.push_back({fn + " " + w.name + " aliases " + o.name, [make, call, wg = w.get, og = o.get] {
                        Args a = make();
-                       (a.*wm).data = (a.*om).data;
+                       wg(a).data = og(a).data;
                        call(a);
                      },
                      {w.name}});
     }
-    const TensorView v = make().*w.member;
+    const TensorView v = w.of(make);
     int d0 = 0;
     while (d0 + 1 < v.ndim && v.shape[d0] <= 1) ++d0;
-    out.push_back({fn + " " + w.name + " with stride 0", [make, call, wm = w.member, d0] {
+    out.push_back({fn + " " + w.name + " with stride 0", [make, call, wg = w.get, d0] {
                      Args a = make();
-                     (a.*wm).stride[d0] = 0;
+                     wg(a).stride[d0] = 0;
                      call(a);
                    },
                    {w.name}});
-    out.push_back({fn + " " + w.name + " strides interleaved", [make, call, wm = w.member] {
+    out.push_back({fn + " " + w.name + " strides interleaved", [make, call, wg = w.get] {
                      Args a = make();
-                     TensorView& t = a.*wm;
+                     TensorView& t = wg(a);
                      for (int d = 0; d + 1 < t.ndim; ++d) t.stride[d] = 1;
                      call(a);
                    },
                    {w.name}});
   }
   for (const auto& o : all)
-    out.push_back({fn + " options.workspace over " + o.name, [make, call, om = o.member] {
+    out.push_back({fn + " options.workspace over " + o.name, [make, call, og = o.get] {
                      Args a = make();
-                     a.options.workspace = static_cast<char*>((a.*om).data) + 4;
+                     a.options.workspace = static_cast<char*>(og(a).data) + 4;
                      a.options.workspace_bytes = 64;
                      call(a);
                    },

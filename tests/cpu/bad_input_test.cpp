@@ -435,5 +435,90 @@ TEST(BadInput, Combine) {
   expect_counts("combine", test::run_bad_cases(cases, {&op, &lp, &out, &lse}, &workspace), 100);
 }
 
+// The block mask's tensors and its dense element mask on Batched's problem (one 16 x 16 block of
+// 3 query rows and 5 keys, partly visible): each broken in every generic way, each written buffer
+// aliased with each of them, the caller's workspace over each.
+struct BlockSparse {
+  HostTensor num{DType::i32, {2, 4, 1}}, idx{DType::i32, {2, 4, 1, 1}}, full_num{DType::i32, {2, 4, 1}},
+      full_idx{DType::i32, {2, 4, 1, 1}}, mask{DType::u8, {2, 1, 3, 5}};
+  BlockSparse() {
+    num.fill(1);
+    idx.fill(0);
+    full_num.fill(0);
+    full_idx.fill(0);
+    for (std::int64_t i = 0; i < mask.numel(); ++i) mask.set(i, i % 3 != 0);
+  }
+  std::vector<HostTensor*> buffers() { return {&num, &idx, &full_num, &full_idx, &mask}; }
+  void set(BlockMask& m) const {
+    m.kv_num_blocks = num.view(), m.kv_indices = idx.view();
+    m.full_kv_num_blocks = full_num.view(), m.full_kv_indices = full_idx.view();
+    m.mask = mask.view();
+    m.block_q = m.block_k = 16;
+  }
+};
+
+template <class Args>
+std::vector<Field<Args>> block_mask_fields() {
+  using F = Field<Args>;
+  auto get = [](TensorView BlockMask::*m) {
+    return std::function<TensorView&(Args&)>([m](Args& a) -> TensorView& { return a.block_mask.*m; });
+  };
+  return {F("block_mask.kv_num_blocks", get(&BlockMask::kv_num_blocks), true, test::grow_dim0, true),
+          F("block_mask.kv_indices", get(&BlockMask::kv_indices), true, test::grow_dim0, true),
+          F("block_mask.full_kv_num_blocks", get(&BlockMask::full_kv_num_blocks), true, test::grow_dim0, true),
+          F("block_mask.full_kv_indices", get(&BlockMask::full_kv_indices), true, test::grow_dim0, true),
+          F("block_mask.mask", get(&BlockMask::mask), false, test::grow_dim0, true)};
+}
+
+template <class Args>
+void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, std::function<Args()> plain,
+                        std::function<void(const Args&)> call, std::vector<Field<Args>> written,
+                        std::vector<Field<Args>> others) {
+  const std::function<Args()> make = [plain, &bs] {
+    Args a = plain();
+    bs.set(a.block_mask);
+    return a;
+  };
+  call(make());  // the unmodified call is valid
+  const std::vector<Field<Args>> mask_fields = block_mask_fields<Args>();
+  std::vector<BadCase> cases;
+  for (const auto& f : mask_fields) test::add_view_cases(cases, fn, make, call, f, false);
+  cases.push_back({std::string(fn) + " block_mask.mask without block lists", [make, call] {
+                     Args a = make();
+                     a.block_mask.kv_num_blocks = a.block_mask.kv_indices = {};
+                     a.block_mask.full_kv_num_blocks = a.block_mask.full_kv_indices = {};
+                     call(a);
+                   },
+                   {"block_mask.mask"}});
+  std::vector<Field<Args>> all = others;
+  all.insert(all.end(), mask_fields.begin(), mask_fields.end());
+  test::add_alias_cases(cases, fn, make, call, written, all);
+  std::vector<HostTensor*> buffers = t.buffers();
+  for (HostTensor* b : bs.buffers()) buffers.push_back(b);
+  expect_counts(fn, test::run_bad_cases(cases, buffers, &t.workspace), 150);
+}
+
+TEST(BadInput, BlockSparseForward) {
+  Batched t;
+  BlockSparse bs;
+  using F = Field<ForwardArgs>;
+  const F out{"out", &ForwardArgs::out, true, nullptr}, lse{"lse", &ForwardArgs::lse, false, nullptr};
+  block_sparse_suite<ForwardArgs>("forward (block mask)", t, bs, [&] { return t.forward_args(); },
+                                  [](const ForwardArgs& a) { forward(a); }, {out, lse},
+                                  {F{"q", &ForwardArgs::q, true, nullptr}, out, lse});
+}
+
+TEST(BadInput, BlockSparseBackward) {
+  Batched t;
+  BlockSparse bs;
+  forward(t.forward_args());  // a real lse for the backward
+  using F = Field<BackwardArgs>;
+  const F dq{"dq", &BackwardArgs::dq, true, nullptr}, dk{"dk", &BackwardArgs::dk, true, nullptr},
+      dv{"dv", &BackwardArgs::dv, true, nullptr};
+  block_sparse_suite<BackwardArgs>("backward (block mask)", t, bs, [&] { return t.backward_args(); },
+                                   [](const BackwardArgs& a) { backward(a); }, {dq, dk, dv},
+                                   {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv});
+}
+
 }  // namespace
 }  // namespace tileattn

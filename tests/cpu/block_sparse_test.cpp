@@ -1,7 +1,7 @@
 // Block masks and attention chunks against what they must equal without them: a block mask of only
 // full blocks is dense attention, causal as blocks under a causal element mask is causal attention,
-// all-partial blocks under any element mask are that mask, and chunked-local attention is each
-// chunk attending on its own. Checked on the fp64 reference (exactly: the same sums) and on the
+// all-partial blocks under any element mask are that mask (a dense boolean one included), and
+// chunked-local attention is each chunk attending on its own. Checked on the fp64 reference (exactly: the same sums) and on the
 // CPU flash path (fp32, within 1e-5), forward and backward.
 #include <gtest/gtest.h>
 
@@ -102,6 +102,43 @@ TEST_P(BlockMaskEquivalence, CausalBlocksAreCausalAttention) {
     c.options.window_left = -1;  // full blocks below the diagonal see every key before it
     c.documents = false;
   }, [](Case&) {});
+}
+
+// A dense mask that holds the call's causal or window rule, under all-partial blocks and without the
+// rule, is that rule (the visible sets are equal, so the reference's sums are the same); a dense mask
+// of all True changes nothing. Batched, so that the rule's mask is one [seqlen_q, seqlen_k] table.
+TEST_P(BlockMaskEquivalence, DenseMaskOfTheRuleIsTheRule) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 12; ++it) {
+    Case c = masked_case(rng, 3);
+    c.varlen = false;  // the lengths: seqlen_q and seqlen_k
+    c.documents = false;
+    if (!c.options.causal && c.options.window_left < 0 && c.options.window_right < 0) c.options.window_left = uni(0, 20);
+    CaseTensors t(c, rng);
+    const Options& o = c.options;
+    const int sq = c.seqlen_q, sk = c.seqlen_k, right = o.causal ? 0 : o.window_right;
+    Case dense = c;
+    dense.options.causal = false;
+    dense.options.window_left = dense.options.window_right = -1;
+    dense.dense = DenseSpec{1, 1, sq, sk};
+    t.dense = HostTensor(DType::u8, {1, 1, sq, sk});
+    for (int i = 0; i < sq; ++i)
+      for (int j = 0; j < sk; ++j) {
+        const int diag = o.align == MaskAlign::bottom_right ? i + sk - sq : i;
+        const bool vis = (o.window_left < 0 || j >= diag - o.window_left) && (right < 0 || j <= diag + right);
+        t.dense.set(static_cast<std::int64_t>(i) * sk + j, vis);
+      }
+    const std::string ctx = "seed " + std::to_string(seed) + ": " + c.str();
+    const Outputs rule = run(c, t, GetParam());
+    expect_same(run(dense, t, GetParam()), rule, GetParam(), "dense mask of the rule, " + ctx);
+    Case all_true = c;
+    all_true.dense = DenseSpec{1, 1, sq, sk};
+    t.dense.fill(1);
+    expect_same(run(all_true, t, GetParam()), rule, GetParam(), "dense mask of all True, " + ctx);
+    if (HasFailure()) return;
+  }
 }
 
 // Chunked-local attention over one sequence (seqlen_q = seqlen_k) is the same batch cut into

@@ -76,6 +76,17 @@ TEST(FlashBackward, BlockSparseSweepMatchesReference) {
   });
 }
 
+// A dense element mask in the partial blocks (as FlashForward's sweep): the backward reads it per
+// query head of each GQA group while walking the transposed block mask.
+TEST(FlashBackward, DenseMaskSweepMatchesReference) {
+  expect_sweep_matches_reference(100, [](std::mt19937_64& rng) {
+    Case c = std::uniform_int_distribution<int>(0, 4)(rng) == 0 ? random_bf16_model_case(rng, 200) : random_case(rng, 140);
+    add_random_block_mask(c, rng);
+    add_random_dense_mask(c, rng);
+    return c;
+  });
+}
+
 // Prefix-LM, per call and per sequence, alone and as a block mask's element mask, in every dtype.
 TEST(FlashBackward, PrefixLmSweepMatchesReference) {
   expect_sweep_matches_reference(100, [](std::mt19937_64& rng) {

@@ -84,6 +84,19 @@ TEST(FlashForward, BlockSparseSweepMatchesReference) {
   });
 }
 
+// A dense element mask in the partial blocks (random bits, rows all False, blocks all True; broadcast
+// over batch and heads, any strides, varlen masks longer than the sequences) over every block
+// pattern and the sweep's options, layouts, grouped heads and varlen batches; bf16 at model head
+// dims (AMX where the CPU has it) among them.
+TEST(FlashForward, DenseMaskSweepMatchesReference) {
+  expect_sweep_matches_reference(150, [](std::mt19937_64& rng) {
+    Case c = std::uniform_int_distribution<int>(0, 4)(rng) == 0 ? random_bf16_model_case(rng, 300) : random_case(rng, 200);
+    add_random_block_mask(c, rng);
+    add_random_dense_mask(c, rng);
+    return c;
+  });
+}
+
 // Prefix-LM (per call and per sequence, prefixes from 0 to past every key) over the sweep's
 // layouts, grouped heads, varlen batches, score mods and dropout, alone and as the element mask of
 // a block mask's partial blocks; bf16 at model head dims (AMX where the CPU has it) among them.

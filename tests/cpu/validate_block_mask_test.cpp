@@ -2,6 +2,7 @@
 // tileattn::Error naming the argument and values, outputs untouched.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct Problem {
   HostTensor num_f32{DType::f32, {2, 4, 3}}, num_short{DType::i32, {2, 4, 2}}, num_heads3{DType::i32, {2, 3, 3}};
   HostTensor idx_3d{DType::i32, {2, 4, 3}}, idx_rows{DType::i32, {2, 4, 4, 2}};
   HostTensor docs_q{DType::i32, {2, 40}}, docs_k{DType::i32, {2, 70}}, docs_f32{DType::f32, {2, 70}};
+  // Dense element masks: valid [2, 1, 40, 70], and broken ones.
+  HostTensor mask{DType::u8, {2, 1, 40, 70}}, mask_f32{DType::f32, {2, 1, 40, 70}}, mask_rows{DType::u8, {2, 1, 41, 70}},
+      mask_heads{DType::u8, {2, 3, 40, 70}}, mask_3d{DType::u8, {2, 40, 70}}, mask_t{DType::u8, {2, 1, 40, 70}, {0, 1, 3, 2}};
 
   Problem() {
     q.fill(0.5);
@@ -41,6 +45,7 @@ struct Problem {
     num_short.fill(0);
     num_heads3.fill(0);
     idx_rows.fill(0);
+    for (std::int64_t i = 0; i < mask.numel(); ++i) mask.set(i, i % 5 != 0);
     poison();
   }
   void poison() {
@@ -196,6 +201,93 @@ TEST(ValidateBlockMask, CountsAndIndices) {
   with(pr.num, 19, 1, [&] {
     with(pr.idx, 39, -99, [&] { EXPECT_NO_THROW(forward(pr.forward_args())); });
   });
+}
+
+// The dense element mask: u8 [1 or batch, 1 or heads_q, seqlen_q, seqlen_k] on q's device, any
+// strides within the address space, and only with a block mask.
+TEST(ValidateBlockMask, DenseMask) {
+  Problem pr;
+  expect_all_rejected(pr, {
+      {"f32 mask", [&](BlockMask& m, Options&) { m.mask = pr.mask_f32.view(); },
+       {"block_mask.mask has dtype f32, expected u8"}},
+      {"rank 3", [&](BlockMask& m, Options&) { m.mask = pr.mask_3d.view(); }, {"block_mask.mask must have 4 dimensions"}},
+      {"a row too many", [&](BlockMask& m, Options&) { m.mask = pr.mask_rows.view(); },
+       {"block_mask.mask has shape [2, 1, 41, 70], expected [1 or batch = 2, 1 or heads_q = 4, seqlen_q = 40, seqlen_k = 70]"}},
+      {"3 heads of 4", [&](BlockMask& m, Options&) { m.mask = pr.mask_heads.view(); },
+       {"block_mask.mask has shape [2, 3, 40, 70]", "1 or heads_q = 4"}},
+      {"on another device", [&](BlockMask& m, Options&) {
+         m.mask = pr.mask.view();
+         m.mask.device = Device{DeviceType::cuda, 0};
+       }, {"block_mask.mask is not on q's device"}},
+      {"stride past the address space", [&](BlockMask& m, Options&) {
+         m.mask = pr.mask.view();
+         m.mask.stride[2] = std::int64_t{1} << 56;
+       }, {"block_mask.mask with shape [2, 1, 40, 70]", "reaches outside the 2^57-byte address space"}},
+      {"element count overflows", [&](BlockMask& m, Options&) {
+         m.mask = pr.mask.view();
+         m.mask.shape[2] = m.mask.shape[3] = std::int64_t{1} << 40;
+       }, {"block_mask.mask with shape", "more elements than fit in int64"}},
+      {"null data", [&](BlockMask& m, Options&) {
+         m.mask = pr.mask.view();
+         m.mask.data = nullptr;
+       }, {"block_mask.mask has 5600 elements but a null data pointer"}},
+      {"without block lists", [&](BlockMask& m, Options&) {
+         m = BlockMask{};
+         m.mask = pr.mask.view();
+       }, {"block_mask.mask is given without block_mask.kv_num_blocks and block_mask.kv_indices"}},
+  });
+  // Any strides: the mask transposed, broadcast over the batch and over rows (stride 0).
+  ForwardArgs f = pr.forward_args();
+  f.block_mask.mask = pr.mask.view();
+  EXPECT_NO_THROW(forward(f));
+  f.block_mask.mask = pr.mask_t.view();
+  EXPECT_NO_THROW(forward(f));
+  f.block_mask.mask = pr.mask.view();
+  f.block_mask.mask.shape[0] = 1;
+  f.block_mask.mask.stride[2] = 0;
+  EXPECT_NO_THROW(forward(f));
+}
+
+// A written buffer over any of the block mask's tensors (they are inputs like any other) is
+// rejected naming both; so is the caller's workspace over them. The mask's tensors are copied into
+// one arena 16 KiB apart, so that a written buffer moved onto one reaches no other buffer.
+TEST(ValidateBlockMask, OutputsMustNotOverlapTheMask) {
+  Problem pr;
+  constexpr std::int64_t kApart = 16384;
+  HostTensor arena(DType::u8, {6 * kApart});
+  const std::vector<std::pair<const char*, HostTensor*>> parts = {{"block_mask.kv_num_blocks", &pr.num},
+                                                                  {"block_mask.kv_indices", &pr.idx},
+                                                                  {"block_mask.full_kv_num_blocks", &pr.full_num},
+                                                                  {"block_mask.full_kv_indices", &pr.full_idx},
+                                                                  {"block_mask.mask", &pr.mask}};
+  BlockMask m = pr.forward_args().block_mask;
+  TensorView* views[] = {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices, &m.mask};
+  m.mask = pr.mask.view();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    char* at = static_cast<char*>(arena.data()) + (i + 1) * kApart;
+    std::memcpy(at, parts[i].second->data(), parts[i].second->numel() * dtype_size(parts[i].second->dtype()));
+    views[i]->data = at;
+  }
+  const std::vector<HostTensor*> all = {&pr.out, &pr.lse, &pr.dq, &pr.dk, &pr.dv, &pr.q, &pr.k, &pr.v, &pr.dout, &arena};
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const char* name = parts[i].first;
+    SCOPED_TRACE(name);
+    ForwardArgs f = pr.forward_args();
+    f.block_mask = m;
+    EXPECT_NO_THROW(forward(f));  // the arena's copy is a valid mask
+    pr.poison();
+    f.lse.data = views[i]->data;
+    test::expect_rejected([&] { forward(f); }, {"tileattn::forward", "output lse overlaps input", name}, all);
+    BackwardArgs b = pr.backward_args();
+    b.block_mask = m;
+    b.dk.data = views[i]->data;
+    test::expect_rejected([&] { backward(b); }, {"tileattn::backward", "output dk overlaps input", name}, all);
+    b = pr.backward_args();
+    b.block_mask = m;
+    b.options.workspace = static_cast<char*>(views[i]->data) + 1;
+    b.options.workspace_bytes = 16;
+    test::expect_rejected([&] { backward(b); }, {"tileattn::backward", "options.workspace", "overlaps", name}, all);
+  }
 }
 
 // The CUDA backend takes no block mask yet: the core says so before any kernel sees it.

@@ -1,8 +1,9 @@
 // The cuda kernels' variants against the fp64 oracle with the same mask materialized (DESIGN.md
 // tolerance rule, baseline: standard attention in the input dtype): chunked-local attention,
-// document ids of packed sequences and block-sparse masks, forward and backward, combined with the
-// other options (causal and window in both alignments, softcap, ALiBi, dropout, GQA, varlen, BHSD
-// views); the decode kernels' chunks; and the block masks the cuda backend rejects.
+// document ids of packed sequences and block-sparse masks (with a dense element mask or without),
+// forward and backward, combined with the other options (causal and window in both alignments,
+// softcap, ALiBi, dropout, GQA, varlen, BHSD views); the decode kernels' chunks; and the block masks
+// the cuda backend rejects.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ class GpuVariant : public ::testing::Test {
 // Device copies of every tensor of a case, and its argument structs pointing at them.
 struct OnDevice {
   DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes, doc_q, doc_k, kv_num, kv_idx, full_num,
-      full_idx;
+      full_idx, dense;
 
   OnDevice(const Case& c, const CaseTensors& t)
       : q(t.q), k(t.k), v(t.v), out(t.out), lse(t.lse), dout(t.dout), dq(t.dq), dk(t.dk), dv(t.dv) {
@@ -43,6 +44,7 @@ struct OnDevice {
       kv_num = DeviceTensor(t.kv_num);
       kv_idx = DeviceTensor(t.kv_idx);
       if (c.sparse.full_lists) full_num = DeviceTensor(t.full_num), full_idx = DeviceTensor(t.full_idx);
+      if (c.dense.batches) dense = DeviceTensor(t.dense);
     }
   }
 
@@ -61,6 +63,7 @@ struct OnDevice {
       a.block_mask.kv_indices = kv_idx.view();
       if (c.sparse.full_lists)
         a.block_mask.full_kv_num_blocks = full_num.view(), a.block_mask.full_kv_indices = full_idx.view();
+      if (c.dense.batches) a.block_mask.mask = CaseTensors::dense_view(c, dense.view());
     }
     a.options.backend = Backend::cuda;
   }
@@ -215,6 +218,18 @@ TEST_F(GpuVariant, BlockSparseMatchesOracle) {
   });
 }
 
+// A dense element mask in the partial blocks (random bits, rows all False, blocks all True; broadcast
+// over batch and heads, any strides, varlen masks longer than the sequences) over every block
+// pattern: the mask is read per query head, in partial blocks only.
+TEST_F(GpuVariant, DenseMaskMatchesOracle) {
+  sweep(30, true, [](std::mt19937_64& rng) {
+    Case c = gpu_case(rng, 600);
+    add_random_block_mask(c, rng, {128, 128, 256});
+    add_random_dense_mask(c, rng);
+    return c;
+  });
+}
+
 // Long sequences with grouped heads: many key tiles skipped and visited per query tile.
 TEST_F(GpuVariant, LongBlockSparseAndChunkedGqa) {
   sweep(4, true, [](std::mt19937_64& rng) {
@@ -229,6 +244,7 @@ TEST_F(GpuVariant, LongBlockSparseAndChunkedGqa) {
     c.options.causal = std::bernoulli_distribution(0.5)(rng);
     if (std::bernoulli_distribution(0.5)(rng)) {
       add_random_block_mask(c, rng, {128});
+      if (std::bernoulli_distribution(0.5)(rng)) add_random_dense_mask(c, rng);
     } else {
       c.options.chunk_size = std::uniform_int_distribution<int>(100, 400)(rng);
     }
@@ -238,10 +254,10 @@ TEST_F(GpuVariant, LongBlockSparseAndChunkedGqa) {
 
 // One small case of each variant, forward and backward, varlen with a short last sequence and odd
 // sizes: small enough for compute-sanitizer (scripts/gpu/30-sanitize.sh), which checks that
-// document ids and the block mask's cells are never read past their sequences.
+// document ids, the block mask's cells and its dense mask are never read past their sequences.
 TEST_F(GpuVariant, SmallCasesOfEachVariant) {
   std::mt19937_64 rng(11);
-  for (int kind = 0; kind < 3; ++kind) {
+  for (int kind = 0; kind < 4; ++kind) {
     Case c;
     c.dtype = DType::bf16;
     c.batch = 2;
@@ -257,7 +273,8 @@ TEST_F(GpuVariant, SmallCasesOfEachVariant) {
     c.options.causal = true;
     if (kind == 0) c.options.chunk_size = 70;
     if (kind == 1) c.documents = true;
-    if (kind == 2) add_random_block_mask(c, rng, {128});
+    if (kind >= 2) add_random_block_mask(c, rng, {128});
+    if (kind == 3) add_random_dense_mask(c, rng);
     check_case(c, 100 + kind, true);
     if (HasFailure()) return;
   }

@@ -209,10 +209,46 @@ def test_sdpa_key_padding_mask(gen, kind):
         check_close(g, w, F32)
 
 
+GENERAL_MASKS = {
+    "bool-per-head": lambda m: m,
+    "bool-rows-shared": lambda m: m[:1, :1],
+    "bool-2d": lambda m: m[0, 0],
+    "additive": lambda m: torch.zeros(m.shape).masked_fill(~m, float("-inf"))[:, :1],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GENERAL_MASKS))
+def test_sdpa_general_mask(gen, kind):
+    """Boolean (and 0/-inf additive) masks that differ between heads or query rows: run block-sparse
+    with the mask in the partial blocks, forward and backward against SDPA's math backend in float64.
+    Rows that see no key give 0, as there."""
+    b, hq, hk, sq, sk, d = 2, 4, 2, 150, 200, 32
+    q = randn(gen, (b, hq, sq, d), F32, "cpu", requires_grad=True)
+    k, v = (randn(gen, (b, hk, sk, d), F32, "cpu", requires_grad=True) for _ in range(2))
+    keep = torch.rand((b, hq, sq, sk), generator=gen) < 0.4
+    keep[..., :128, :128] = True  # a full block
+    keep[..., 128:, 128:] = False  # a skipped block
+    keep[..., 7, :] = False  # a row that sees no key
+    mask = GENERAL_MASKS[kind](keep)
+    out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.is_contiguous() and out.shape == (b, hq, sq, d)
+    seen = keep.expand(b, hq, sq, sk) if kind != "additive" else keep[:, :1].expand(b, hq, sq, sk)
+    empty = ~seen.any(-1)  # [b, hq, sq]
+    assert bool((out[empty] == 0).all())
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = _sdpa_math(*ins, attn_mask=mask if mask.dtype == torch.bool else mask.double(), enable_gqa=True)
+    check_close(out, want, F32)
+    dout = randn(gen, out.shape, F32, "cpu")
+    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
+    for g, w in zip(got, torch.autograd.grad(want, ins, dout.double())):
+        check_close(g, w, F32)
+
+
 def test_sdpa_mask_refusals():
     q = torch.zeros(1, 2, 4, 16)
-    with pytest.raises(tileattn.Error, match="attn_mask differs between heads or query rows"):
-        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril())
+    with pytest.raises(tileattn.Error, match="dropout_p = 0.5 with an attn_mask that differs between heads"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril(),
+                                              dropout_p=0.5)
     with pytest.raises(tileattn.Error, match="attn_mask is an additive mask with finite nonzero values"):
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.randn(4, 4))
     with pytest.raises(tileattn.Error, match=r"attn_mask has shape \(3,\), which does not broadcast"):
@@ -285,6 +321,19 @@ def test_log_names_the_path(gen, capsys):
     err = capsys.readouterr().err
     assert "tileattn: forward backend=cpu_" in err and "q=1x4x2x16" in err and "causal" in err
     assert "head dims 12/12 padded to 16/16" in err
+
+
+def test_log_names_the_block_sparse_path(gen, capsys):
+    q = randn(gen, (1, 2, 20, 16), F32, "cpu")
+    _log.set_enabled(True)
+    try:
+        run("cpu", "forward", tileattn.scaled_dot_product_attention, q, q, q,
+            attn_mask=torch.ones(20, 20, dtype=torch.bool).tril())
+    finally:
+        _log.set_enabled(False)
+    err = capsys.readouterr().err
+    assert "tileattn: forward backend=cpu_" in err and "block-sparse dense-mask" in err
+    assert "attn_mask: general mask run block-sparse" in err
 
 
 def test_build_info():

@@ -158,8 +158,8 @@ CASES = [
     (lambda: _C.combine(t(2, 1, 3, 2, 16), t(2, 1, 2, 3), t(1, 3, 2, 8), options=REF),
      C + "out has shape [1, 3, 2, 8], expected [1, 3, 2, 16]"),
     # the bindings' conversions
-    (lambda: fwd(q=t(1, 4, 2, 16, dtype=np.float64)), F + "q has dtype float64, tileattn takes f32, f16, bf16 (and i32 for index tensors)"),
-    (lambda: fwd(k=t(1, 4, 2, 16, dtype=np.int64)), F + "k has dtype int64, tileattn takes f32, f16, bf16 (and i32 for index tensors)"),
+    (lambda: fwd(q=t(1, 4, 2, 16, dtype=np.float64)), F + "q has dtype float64, tileattn takes f32, f16, bf16 (and i32 for index tensors, bool or uint8 for masks)"),
+    (lambda: fwd(k=t(1, 4, 2, 16, dtype=np.int64)), F + "k has dtype int64, tileattn takes f32, f16, bf16 (and i32 for index tensors, bool or uint8 for masks)"),
     (lambda: fwd(q=np.zeros(()), k=t(1)), F + "q has 0 dimensions, tileattn takes 1 to 5"),
     (lambda: fwd(q=t(1, 1, 1, 1, 1, 1)), F + "q has 6 dimensions, tileattn takes 1 to 5"),
 ]

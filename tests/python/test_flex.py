@@ -72,6 +72,70 @@ def test_block_sparse_errors_name_the_argument():
         tileattn.block_sparse_forward(q, q, q, num, idx, block_size=(24, 16), backend="cpu_flash")
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_dense_mask_numpy_matches_oracle(varlen):
+    """block_sparse_forward/backward with a dense bool mask in the partial blocks: random bits, rows
+    all False, a mask broadcast over heads and stored transposed; varlen masks indexed by positions
+    within each sequence and longer than the longest one."""
+    rng = np.random.default_rng()
+    bq = bk = 16
+    hq, hk, d = 4, 2, 16
+    lens_q = [int(x) for x in rng.integers(1, 70, 2)]
+    lens_k = [int(x) for x in rng.integers(1, 70, 2)]
+    if not varlen:
+        lens_q, lens_k = [lens_q[0]] * 2, [lens_k[0]] * 2
+    sq, sk = max(lens_q), max(lens_k)
+    rows, cols = (sq + 3, sk + 2) if varlen else (sq, sk)
+    mask = (rng.random((2, 1, cols, rows)) < 0.6).transpose(0, 1, 3, 2)  # [b, 1, rows, cols], stored transposed
+    mask[0, 0, 1] = False  # a row that sees nothing in partial blocks
+    state, lists = random_block_mask(rng, 2, hq, sq, sk, bq, bk, density=0.7)
+    ins = [rng.standard_normal(shape).astype(np.float32) for shape in
+           ((sum(lens_q), hq, d), (sum(lens_k), hk, d), (sum(lens_k), hk, d), (sum(lens_q), hq, d))]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    if varlen:
+        q, k, v, dout = ins
+        kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=sk)
+    else:
+        q, k, v, dout = (x.reshape((2, -1) + x.shape[1:]) for x in ins)
+        kw = {}
+    kw.update(block_size=bq, mask=mask, backend="cpu_flash")
+    out, lse = tileattn.block_sparse_forward(q, k, v, *lists, **kw)
+    dq, dk, dv = tileattn.block_sparse_backward(dout, q, k, v, out, lse, *lists, **kw)
+    flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v, dout, out, dq, dk, dv)]
+    q, k, v, dout, out, dq, dk, dv = flat
+    lse = lse if varlen else lse.transpose(1, 0, 2).reshape(hq, -1)
+    want = [np.zeros(x.shape) for x in (out, q, k, v)]
+    want_lse = np.zeros(lse.shape)
+    for b in range(2):
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        n, m = lens_q[b], lens_k[b]
+        for h in range(hq):
+            g = h // (hq // hk)
+            vis = materialize(state, b, h, n, m, bq, bk, mask[b, 0, :n, :m])
+            head = Head(q[rq, h], k[rk, g], v[rk, g], d ** -0.5, vis)
+            want[0][rq, h], want_lse[h, rq] = head.out, head.lse
+            gq, gk, gv = head.grads(dout[rq, h])
+            want[1][rq, h] += gq
+            want[2][rk, g] += gk
+            want[3][rk, g] += gv
+    for got, ref in zip((out, lse, dq, dk, dv), (want[0], want_lse, *want[1:])):
+        assert_f32_close(got, ref)
+
+
+def test_dense_mask_errors_name_the_argument():
+    q = np.zeros((1, 40, 2, 8), np.float32)
+    num, idx = np.ones((1, 2, 3), np.int32), np.zeros((1, 2, 3, 1), np.int32)
+    with pytest.raises(tileattn.Error, match=r"block_mask.mask has shape \[1, 1, 40, 41\], expected"):
+        tileattn.block_sparse_forward(q, q, q, num, idx, block_size=16, mask=np.ones((1, 1, 40, 41), bool),
+                                      backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"block_mask.mask has dtype f32, expected u8"):
+        tileattn.block_sparse_forward(q, q, q, num, idx, block_size=16, mask=np.ones((1, 1, 40, 40), np.float32),
+                                      backend="cpu_flash")
+    with pytest.raises(tileattn.Error, match=r"block_mask.mask is given without block_mask.kv_num_blocks"):
+        tileattn.block_sparse_forward(q, q, q, mask=np.ones((1, 1, 40, 40), bool), backend="cpu_flash")
+
+
 def test_document_ids_numpy_match_oracle():
     rng = np.random.default_rng()
     sq, sk = int(rng.integers(1, 150)), int(rng.integers(1, 150))
@@ -239,7 +303,71 @@ def test_flex_attention_compiles():
     torch.testing.assert_close(torch.autograd.grad(compiled(q, k, v), q)[0], torch.autograd.grad(f(q, k, v), q)[0])
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked"])
+@pytest.mark.parametrize("broadcast", ["full", "per-batch", "shared"])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_flex_attention_dense_mask_matches_reference(broadcast, gqa):
+    """mask= a bool tensor (no block_mask: the lists come from the mask): out, lse and gradients
+    against the float64 reference under the same mask; rows that see nothing give 0 and lse -inf."""
+    torch, _ = _flex()
+    torch.manual_seed(3)
+    batch, hq, sq, sk, d = 2, 4, 150, 290, 32
+    hk = 2 if gqa else hq
+    q = torch.randn(batch, hq, sq, d, requires_grad=True)
+    k, v = (torch.randn(batch, hk, sk, d, requires_grad=True) for _ in range(2))
+    shape = {"full": (batch, hq, sq, sk), "per-batch": (batch, 1, sq, sk), "shared": (sq, sk)}[broadcast]
+    mask = torch.rand(shape) < 0.3
+    mask[..., :128, :128] = True  # a whole block visible: full
+    mask[..., 128:, 256:] = False  # a whole block hidden: skipped
+    mask[..., 5, :] = False  # a row that sees no key
+    got, lse = tileattn.flex_attention(q, k, v, mask=mask, enable_gqa=gqa, return_lse=True)
+    ref = _dense_reference(torch, q, k, v, mask.expand(batch, hq, sq, sk))
+    torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=2e-5)
+    assert bool((got[:, :, 5] == 0).all()) and bool((lse[:, :, 5] == float("-inf")).all())
+    g = torch.randn_like(got)
+    for x, y in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g.double())):
+        torch.testing.assert_close(x.double(), y.double(), atol=5e-5, rtol=5e-5)
+
+
+def test_flex_attention_mask_mod_evaluated_densely():
+    """A mask_mod no built-in rule says (a per-head stride pattern), given as mask="mask_mod": the
+    BlockMask's lists with its mask_mod evaluated densely, against torch's flex_attention."""
+    torch, flex = _flex()
+    torch.manual_seed(4)
+    sq, sk, d = 200, 170, 32
+    q, k, v = (torch.randn(2, 2, n, d, requires_grad=True) for n in (sq, sk, sk))
+
+    def mask_mod(b, h, qi, ki):
+        return ((qi - ki) % (3 + h) != 0) & (ki <= qi + 40 * b)
+    bm = flex.create_block_mask(mask_mod, 2, 2, sq, sk, device="cpu", BLOCK_SIZE=32)
+    want = flex.flex_attention(q.detach(), k.detach(), v.detach(), block_mask=bm)
+    got = tileattn.flex_attention(q, k, v, block_mask=bm, mask="mask_mod")
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    ref = _dense_reference(torch, q, k, v, flex.create_mask(mask_mod, 2, 2, sq, sk, device="cpu"))
+    g = torch.randn_like(got)
+    for x, y in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g.double())):
+        torch.testing.assert_close(x.double(), y.double(), atol=5e-5, rtol=5e-5)
+
+
+def test_flex_attention_dense_mask_compiles_and_errors():
+    torch, flex = _flex()
+    sq, d = 96, 16
+    q, k, v = (torch.randn(1, 2, sq, d, requires_grad=True) for _ in range(3))
+    mask = torch.rand(sq, sq) < 0.5
+
+    def f(q, k, v):
+        return tileattn.flex_attention(q, k, v, mask=mask).sum()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
+    torch.testing.assert_close(torch.autograd.grad(compiled(q, k, v), q)[0], torch.autograd.grad(f(q, k, v), q)[0])
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor of dtype bool"):
+        tileattn.flex_attention(q, k, v, mask=mask.float())
+    with pytest.raises(tileattn.Error, match=r"mask has shape \(3, 96\), which does not broadcast"):
+        tileattn.flex_attention(q, k, v, mask=mask[:3])
+    with pytest.raises(ValueError, match="the string form is \"mask_mod\""):
+        tileattn.flex_attention(q, k, v, mask="mask_mod")
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "dense-mask"])
 def test_flex_attention_on_cuda_matches_reference(kind):
     """CUDA tensors in bf16: out and gradients against the float64 reference with the same mask
     materialized, each error at most 2x (plus a floor) that of torch's flex_attention in bf16, the
@@ -251,12 +379,16 @@ def test_flex_attention_on_cuda_matches_reference(kind):
     batch, hq, hk, sq, d = 2, 4, 2, 640, 64
     q = torch.randn(batch, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(batch, hk, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    mask_mod, kw = _masks(flex, torch, kind, sq, sq, window=200, batch=batch)
+    if kind == "dense-mask":  # random bits under causal: the mask_mod evaluated densely, read in partial blocks
+        table = torch.rand(batch, 1, sq, sq, device="cuda") < 0.7
+        mask_mod, kw = (lambda b, h, qi, ki: table[b, 0, qi, ki] & (qi >= ki)), dict(causal=True, mask="mask_mod")
+    else:
+        mask_mod, kw = _masks(flex, torch, kind, sq, sq, window=200, batch=batch)
     if "document_ids" in kw:
         kw["document_ids"] = kw["document_ids"].cuda()
         ids = kw["document_ids"]
         mask_mod = lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki)  # noqa: E731
-    per_batch = batch if kind == "documents" else None
+    per_batch = batch if kind in ("documents", "dense-mask") else None
     bm = flex.create_block_mask(mask_mod, per_batch, None, sq, sq, device="cuda", BLOCK_SIZE=128)
     # Half the kinds skip the host copy of the mask (check_device_indices=False): the same results.
     got = tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=True,

@@ -65,6 +65,7 @@ double HostTensor::get(std::int64_t i) const {
     }
     case DType::f16: std::memcpy(&h, p, 2); return f16_to_f32(h);
     case DType::bf16: std::memcpy(&h, p, 2); return bf16_to_f32(h);
+    case DType::u8: return *p;
   }
   return 0;
 }
@@ -85,6 +86,7 @@ void HostTensor::set(std::int64_t i, double v) {
     }
     case DType::f16: h = f32_to_f16(static_cast<float>(v)); break;
     case DType::bf16: h = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::u8: *p = static_cast<unsigned char>(v); return;
   }
   std::memcpy(p, &h, 2);
 }
@@ -109,7 +111,7 @@ void HostTensor::fill(double v) {
 }
 
 void HostTensor::poison() {
-  fill(dtype_ == DType::i32 ? -0x7ffffff : std::numeric_limits<double>::quiet_NaN());
+  fill(dtype_ == DType::i32 ? -0x7ffffff : dtype_ == DType::u8 ? 0xa5 : std::numeric_limits<double>::quiet_NaN());
 }
 
 HostTensor int_tensor(const std::vector<std::int32_t>& values) {
@@ -124,6 +126,7 @@ double round_to(DType t, double v) {
     case DType::bf16: return bf16_to_f32(f32_to_bf16(static_cast<float>(v)));
     case DType::f32: return static_cast<float>(v);
     case DType::i32: return static_cast<std::int32_t>(v);
+    case DType::u8: return static_cast<unsigned char>(v);
   }
   return v;
 }

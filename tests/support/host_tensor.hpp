@@ -31,7 +31,7 @@ class HostTensor {
 
   void fill_normal(std::mt19937_64& rng, double stddev = 1.0);
   void fill(double v);
-  void poison();  // NaN everywhere (i32: a large negative value)
+  void poison();  // NaN everywhere (i32: a large negative value, u8: 0xa5)
 
  private:
   std::int64_t offset(std::int64_t logical) const;
