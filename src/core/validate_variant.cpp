@@ -102,10 +102,10 @@ void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, co
     fail(fn, "options.prefix_len = ", o.prefix_len, " and prefix_lens are both given: pass one (per call or per sequence)");
   if (t.ndim != 1 || t.shape[0] != p.batch)
     fail(fn, "prefix_lens has shape ", shape_str(t), ", expected [", p.batch, "] (batch)");
+  check_tensor(fn, "prefix_lens", t, 1, true);  // its stride's byte extent
   if (t.dtype != DType::i32) fail(fn, "prefix_lens has dtype ", dtype_name(t.dtype), ", expected i32");
   if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
     fail(fn, "prefix_lens is not on q's device");
-  if (t.numel() > 0 && t.data == nullptr) fail(fn, "prefix_lens has a null data pointer");
   check_prefix_mask(fn, "prefix_lens", o, p);
   p.prefix_per_seq = true;
   // Device-resident lengths cannot be read here; the backends that take them run on the host.
@@ -129,10 +129,10 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
       if (p.varlen) fail(fn, name, " has shape ", shape_str(t), ", expected [", cols, "] (the packed tokens)");
       fail(fn, name, " has shape ", shape_str(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
     }
+    check_tensor(fn, name, t, ndim, true);  // the strides' byte extent
     if (t.dtype != DType::i32) fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected i32");
     if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
       fail(fn, name, " is not on q's device");
-    if (t.numel() > 0 && t.data == nullptr) fail(fn, name, " has a null data pointer");
   };
   check("document_ids_q", ids_q, p.batch, p.varlen ? total_q : p.seqlen_q);
   check("document_ids_k", ids_k, p.batch, p.varlen ? total_k : p.seqlen_k);

@@ -520,5 +520,75 @@ TEST(BadInput, BlockSparseBackward) {
                                    {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv});
 }
 
+// Document ids and per-sequence prefix lengths on Batched's problem: each broken in every generic
+// way (strides whose byte extent passes 2^57 included), each written buffer aliased with each.
+struct VariantInputs {
+  HostTensor doc_q{DType::i32, {2, 3}}, doc_k{DType::i32, {2, 5}}, prefix{DType::i32, {2}};
+  VariantInputs() {
+    for (std::int64_t i = 0; i < doc_q.numel(); ++i) doc_q.set(i, double(i % 2));
+    for (std::int64_t i = 0; i < doc_k.numel(); ++i) doc_k.set(i, double(i % 3 == 0));
+    prefix.fill(2);
+  }
+  std::vector<HostTensor*> buffers() { return {&doc_q, &doc_k, &prefix}; }
+};
+
+template <class Args>
+void variant_suite(const char* fn, Batched& t, VariantInputs& vi, std::function<Args()> plain,
+                   std::function<void(const Args&)> call, std::vector<Field<Args>> written, std::vector<Field<Args>> others) {
+  using F = Field<Args>;
+  const std::function<Args()> with_docs = [plain, &vi] {
+    Args a = plain();
+    a.document_ids_q = vi.doc_q.view(), a.document_ids_k = vi.doc_k.view();
+    return a;
+  };
+  const std::function<Args()> with_prefix = [plain, &vi] {
+    Args a = plain();
+    a.options.causal = true;
+    a.prefix_lens = vi.prefix.view();
+    return a;
+  };
+  call(with_docs());  // the unmodified calls are valid
+  call(with_prefix());
+  F doc_q{"document_ids_q", &Args::document_ids_q, true, test::grow_dim0},
+      doc_k{"document_ids_k", &Args::document_ids_k, true, test::grow_dim0},
+      prefix{"prefix_lens", &Args::prefix_lens, false, test::grow_dim0};
+  doc_q.any_strides = doc_k.any_strides = prefix.any_strides = true;  // read element by element
+  std::vector<BadCase> cases;
+  for (const F& f : {doc_q, doc_k}) test::add_view_cases(cases, fn, with_docs, call, f, false);
+  test::add_view_cases(cases, fn, with_prefix, call, prefix, false);
+  std::vector<F> docs_all = others, prefix_all = others;
+  docs_all.insert(docs_all.end(), {doc_q, doc_k});
+  prefix_all.push_back(prefix);
+  test::add_alias_cases(cases, fn, with_docs, call, written, docs_all);
+  test::add_alias_cases(cases, fn, with_prefix, call, written, prefix_all);
+  std::vector<HostTensor*> buffers = t.buffers();
+  for (HostTensor* b : vi.buffers()) buffers.push_back(b);
+  expect_counts(fn, test::run_bad_cases(cases, buffers, &t.workspace), 100);
+}
+
+TEST(BadInput, DocumentIdsAndPrefixLensForward) {
+  Batched t;
+  VariantInputs vi;
+  using F = Field<ForwardArgs>;
+  const F out{"out", &ForwardArgs::out, true, nullptr}, lse{"lse", &ForwardArgs::lse, false, nullptr};
+  variant_suite<ForwardArgs>("forward (variant inputs)", t, vi, [&] { return t.forward_args(); },
+                             [](const ForwardArgs& a) { forward(a); }, {out, lse},
+                             {F{"q", &ForwardArgs::q, true, nullptr}, out, lse});
+}
+
+TEST(BadInput, DocumentIdsAndPrefixLensBackward) {
+  Batched t;
+  VariantInputs vi;
+  using F = Field<BackwardArgs>;
+  const F dq{"dq", &BackwardArgs::dq, true, nullptr}, dk{"dk", &BackwardArgs::dk, true, nullptr},
+      dv{"dv", &BackwardArgs::dv, true, nullptr};
+  // The backward's lse must be the forward's of each variant: the plain forward's is finite, which
+  // is all validation reads.
+  forward(t.forward_args());
+  variant_suite<BackwardArgs>("backward (variant inputs)", t, vi, [&] { return t.backward_args(); },
+                              [](const BackwardArgs& a) { backward(a); }, {dq, dk, dv},
+                              {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv});
+}
+
 }  // namespace
 }  // namespace tileattn
