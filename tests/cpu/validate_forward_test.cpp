@@ -151,7 +151,7 @@ TEST(ValidateForward, PrefixLm) {
       {"per sequence, device", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.device = kCuda; },
        {"prefix_lens is not on q's device"}},
       {"per sequence, null", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = nullptr; },
-       {"prefix_lens has a null data pointer"}},
+       {"prefix_lens has 2 elements but a null data pointer"}},
       {"out over prefix_lens", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = a.lse.data; },
        {"output lse overlaps input prefix_lens"}},
   });
