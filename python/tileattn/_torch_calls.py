@@ -68,6 +68,14 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
     differentiates and whose caller discards the LSE)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
                 deterministic, backend)
+    return forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                        heads_first, need_lse)
+
+
+def forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, heads_first,
+                 need_lse=True):
+    """forward with its Options built: autograd's eager path keeps them for the backward, which
+    takes the same ones (the seed included)."""
     out = empty_out(q, v)
     varlen = cu_seqlens_q is not None
     lse = None
@@ -88,6 +96,13 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """(dq, dk, dv); the arguments after lse in forward's order (heads_first as there)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
                 deterministic, backend)
+    return backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         alibi_slopes, heads_first)
+
+
+def backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                  heads_first):
+    """backward with its Options built (the forward's)."""
     dq, dk, dv = _empty(q), _empty(k), _empty(v)
     _C.backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 alibi_slopes, o, _scratch(q), heads_first)

@@ -88,27 +88,33 @@ torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_f
 
 
 class _Attention(torch.autograd.Function):
-    """The eager twin of fwd + its autograd: the same calls without the op dispatcher. args: the
-    arguments of _torch_calls.forward after v, through heads_first (the index tensors and
-    alibi_slopes among them, which nothing differentiates: held by the context, not saved)."""
+    """The eager twin of fwd + its autograd: the same calls without the op dispatcher. o: the call's
+    tileattn.Options, built once and kept for the backward, which takes the same ones (the dropout
+    seed included; autograd runs it on the forward's stream). args: the arguments of
+    _torch_calls.forward_with after v (the index tensors and alibi_slopes among them, which nothing
+    differentiates: held by the context, not saved). need_lse False: out is the node's only output
+    (the LSE is made for the backward all the same), which saves autograd an output to track."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
-        out, lse = _torch_calls.forward(q, k, v, *args)
+    def forward(ctx, q, k, v, o, args, need_lse):
+        out, lse = _torch_calls.forward_with(o, q, k, v, *args)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.o = o
         ctx.args = args
+        if not need_lse:
+            return out
         # The LSE's gradient is never used: None rather than a tensor of zeros made per backward.
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, *_dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        dq, dk, dv = _torch_calls.backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None
+        dq, dk, dv = _torch_calls.backward_with(ctx.o, dout, q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None
 
 
 _Tensor = torch.Tensor
@@ -134,9 +140,12 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
             (alibi_slopes is None or type(alibi_slopes) is _Tensor) and not _is_compiling():
         seed = _seed(dropout_p) if dropout_p else 0
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
-            return _Attention.apply(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                              scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-                                              seed, deterministic, backend, heads_first))
+            o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
+                                     0, deterministic, backend)
+            args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, heads_first)
+            if need_lse:
+                return _Attention.apply(q, k, v, o, args, True)
+            return _Attention.apply(q, k, v, o, args, False), None
         return _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                     scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
                                     deterministic, backend, heads_first, need_lse)
