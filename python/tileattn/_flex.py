@@ -118,7 +118,7 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
     prefix, prefix_lens = _prefix("flex_attention", prefix_len)
-    out, lse = _torch_ops.flex_fwd(
+    out, lse = _torch_ops.flex(
         q, k, v, None if m is None else m.kv_num_blocks, None if m is None else m.kv_indices,
         None if m is None else m.full_kv_num_blocks, None if m is None else m.full_kv_indices, docs_q, docs_k,
         prefix_lens, int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal),

@@ -29,10 +29,10 @@ def _stream(x):
 
 
 def options(like, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
-            deterministic, backend, num_splits=0, check_device_indices=True):
+            deterministic, backend, num_splits=0, check_device_indices=True, chunk_size=0, prefix_len=0):
     stream = _stream(like)
     key = (scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend,
-           num_splits, check_device_indices, stream)
+           num_splits, check_device_indices, stream, chunk_size, prefix_len)
     if seed == 0 and offset == 0:
         o = _options.get(key)
         if o is not None:
@@ -44,6 +44,9 @@ def options(like, scale, causal, top_left, window_left, window_right, softcap, d
                    window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
                    seed=seed, offset=offset, deterministic=deterministic, backend=b, num_splits=num_splits,
                    check_device_indices=check_device_indices, stream=stream)
+    if chunk_size or prefix_len:
+        o.chunk_size = chunk_size
+        o.prefix_len = prefix_len
     if seed == 0 and offset == 0:
         if len(_options) > 1024:  # bounded: option values come from a program, but streams can be many
             _options.clear()
@@ -108,6 +111,31 @@ def backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
                 alibi_slopes, o, _scratch(q), heads_first)
     if _log.enabled:
         _log.call("backward", q, k, cu_seqlens_q is not None, o)
+    return dq, dk, dv
+
+
+def block_sparse_forward(o, q, k, v, mask, alibi_slopes):
+    """(out, lse) of tileattn.flex_attention's call on [batch, seq, heads, d] tensors. mask:
+    (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_q, block_k,
+    document_ids_q, document_ids_k, prefix_lens), the first four None for no block mask."""
+    out = empty_out(q, v)
+    lse = q.new_empty(lse_shape(q, False), dtype=_F32)
+    num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
+    _C.forward_block_sparse(q, k, v, out, lse, None, None, 0, 0, alibi_slopes, num, idx, full_num, full_idx, block_q,
+                            block_k, docs_q, docs_k, prefix_lens, o)
+    if _log.enabled:
+        _log.call("forward", q, k, False, o)
+    return out, lse
+
+
+def block_sparse_backward(o, dout, q, k, v, out, lse, mask, alibi_slopes):
+    """(dq, dk, dv) of block_sparse_forward's call, with its mask."""
+    dq, dk, dv = _empty(q), _empty(k), _empty(v)
+    num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
+    _C.backward_block_sparse(q, k, v, out, dout, lse, dq, dk, dv, None, None, 0, 0, alibi_slopes, num, idx, full_num,
+                             full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, o)
+    if _log.enabled:
+        _log.call("backward", q, k, False, o)
     return dq, dk, dv
 
 

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _torch_calls
+from . import _checked_masks, _torch_calls
 
 
 def _seed(dropout_p):
@@ -217,6 +217,63 @@ def _flex_backward(ctx, dout, _dlse):
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)
+
+
+class _BlockSparse(torch.autograd.Function):
+    """The eager twin of flex_fwd + its autograd, as _Attention is fwd's. o: the forward's Options,
+    o_bwd the backward's (the same with the device check of the block mask off: the forward checked
+    the lists, and autograd refuses a backward whose saved lists were written since). mask: as
+    _torch_calls.block_sparse_forward takes it; its tensors are saved, so such a write is caught."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, o, o_bwd, mask, alibi_slopes):
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes)
+        num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k,
+                              prefix_lens)
+        ctx.o, ctx.blocks = o_bwd, (block_q, block_k)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k, prefix_lens = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        mask = (num, idx, full_num, full_idx) + ctx.blocks + (docs_q, docs_k, prefix_lens)
+        dq, dk, dv = _torch_calls.block_sparse_backward(ctx.o, dout, q, k, v, out, lse, mask, alibi_slopes)
+        return dq, dk, dv, None, None, None, None
+
+
+def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, document_ids_q, document_ids_k,
+         prefix_lens, block_q, block_k, alibi_slopes, scale, causal, top_left, window_left, window_right, chunk_size,
+         prefix_len, softcap, backend, check_device_indices):
+    """flex_fwd's (out, lse), differentiable in q, k and v. Eager calls on plain tensors skip the op
+    dispatcher, and a GPU block mask is checked at its first use only (_checked_masks)."""
+    lists = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
+    if not _eager(q, k, v, alibi_slopes, document_ids_q, document_ids_k, prefix_lens, *lists):
+        return flex_fwd(q, k, v, *lists, document_ids_q, document_ids_k, prefix_lens, block_q, block_k, alibi_slopes,
+                        scale, causal, top_left, window_left, window_right, chunk_size, prefix_len, softcap, backend,
+                        check_device_indices)
+    check = check_device_indices
+    sizes = None
+    if check and kv_num_blocks is not None and kv_num_blocks.is_cuda:
+        sizes = (q.shape[1], k.shape[1], block_q, block_k)
+        check = not _checked_masks.seen(lists, sizes)
+    o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
+                             0, check, chunk_size, prefix_len)
+    mask = lists + (block_q, block_k, document_ids_q, document_ids_k, prefix_lens)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
+        o_bwd = o if not check else _torch_calls.options(
+            q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend, 0, False,
+            chunk_size, prefix_len)
+        out, lse = _BlockSparse.apply(q, k, v, o, o_bwd, mask, alibi_slopes)
+    else:
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes)
+    if check and sizes is not None:
+        _checked_masks.remember(lists, sizes)
+    return out, lse
 
 
 @torch.library.custom_op("tileattn::decode", mutates_args=("k_cache", "v_cache"))
