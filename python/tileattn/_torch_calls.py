@@ -156,7 +156,10 @@ def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_
 
 def _empty(x):
     # A contiguous tensor shaped like x. empty_like takes no shape to parse: it is the cheapest
-    # allocation PyTorch's Python API has. Contiguous whatever x's strides, as the fake rules say.
+    # allocation PyTorch's Python API has. Contiguous whatever x's strides, as the fake rules say;
+    # for a contiguous x its default (x's layout) is that, and skips parsing a keyword argument.
+    if x.is_contiguous():
+        return torch.empty_like(x)
     return torch.empty_like(x, memory_format=_CONTIGUOUS)
 
 

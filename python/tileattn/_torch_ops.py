@@ -139,16 +139,15 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
             (cu_seqlens_q is None or type(cu_seqlens_q) is _Tensor) and \
             (alibi_slopes is None or type(alibi_slopes) is _Tensor) and not _is_compiling():
         seed = _seed(dropout_p) if dropout_p else 0
+        o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
+                                 deterministic, backend)
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
-            o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-                                     0, deterministic, backend)
             args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, heads_first)
             if need_lse:
                 return _Attention.apply(q, k, v, o, args, True)
             return _Attention.apply(q, k, v, o, args, False), None
-        return _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                    scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-                                    deterministic, backend, heads_first, need_lse)
+        return _torch_calls.forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         alibi_slopes, heads_first, need_lse)
     out, lse, _ = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
                       top_left, window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first)
     return out, lse
