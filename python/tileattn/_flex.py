@@ -99,8 +99,9 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
     seq_k), or a pair ([batch, seq_q], [batch, seq_k]). prefix_len: prefix-LM with causal, every row also
     sees keys [0, prefix_len): an int, or an int32 tensor [batch] per sequence. heads_kv < heads_q needs enable_gqa=True. Differentiable in q, k, v; traceable by
-    torch.compile. check_device_indices: a GPU-resident block mask is copied to the host and checked
-    (one synchronization per call); False skips that (out-of-range entries are then ignored)."""
+    torch.compile. check_device_indices: a GPU-resident block mask is copied to the host and checked (one
+    synchronization) at its first use, and again once written in place or used at other sizes (eager
+    calls; a traced call checks every time); False skips that (out-of-range entries are then ignored)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
                         "any array)")
@@ -112,8 +113,7 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         raise ValueError(f"tileattn.flex_attention: query has {query.shape[1]} heads and key {key.shape[1]}; "
                          "pass enable_gqa=True for grouped-query attention")
     from . import _torch_ops
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
     m = block_mask
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
@@ -124,5 +124,4 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         prefix_lens, int(block_q), int(block_k), alibi_slopes, None if scale is None else float(scale), bool(causal),
         bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
         float(softcap), _config.backend, bool(check_device_indices))
-    out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

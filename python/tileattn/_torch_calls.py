@@ -114,26 +114,27 @@ def backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return dq, dk, dv
 
 
-def block_sparse_forward(o, q, k, v, mask, alibi_slopes):
-    """(out, lse) of tileattn.flex_attention's call on [batch, seq, heads, d] tensors. mask:
-    (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_q, block_k,
-    document_ids_q, document_ids_k, prefix_lens), the first four None for no block mask."""
+def block_sparse_forward(o, q, k, v, mask, alibi_slopes, heads_first=False):
+    """(out, lse) of tileattn.flex_attention's call on [batch, seq, heads, d] tensors (heads_first:
+    [batch, heads, seq, d], as forward reads them). mask: (kv_num_blocks, kv_indices,
+    full_kv_num_blocks, full_kv_indices, block_q, block_k, document_ids_q, document_ids_k,
+    prefix_lens), the first four None for no block mask."""
     out = empty_out(q, v)
-    lse = q.new_empty(lse_shape(q, False), dtype=_F32)
+    lse = q.new_empty(lse_shape(q, False, heads_first), dtype=_F32)
     num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
     _C.forward_block_sparse(q, k, v, out, lse, None, None, 0, 0, alibi_slopes, num, idx, full_num, full_idx, block_q,
-                            block_k, docs_q, docs_k, prefix_lens, o)
+                            block_k, docs_q, docs_k, prefix_lens, o, heads_first)
     if _log.enabled:
         _log.call("forward", q, k, False, o)
     return out, lse
 
 
-def block_sparse_backward(o, dout, q, k, v, out, lse, mask, alibi_slopes):
-    """(dq, dk, dv) of block_sparse_forward's call, with its mask."""
+def block_sparse_backward(o, dout, q, k, v, out, lse, mask, alibi_slopes, heads_first=False):
+    """(dq, dk, dv) of block_sparse_forward's call, with its mask and layout."""
     dq, dk, dv = _empty(q), _empty(k), _empty(v)
     num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
     _C.backward_block_sparse(q, k, v, out, dout, lse, dq, dk, dv, None, None, 0, 0, alibi_slopes, num, idx, full_num,
-                             full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, o)
+                             full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, o, heads_first)
     if _log.enabled:
         _log.call("backward", q, k, False, o)
     return dq, dk, dv

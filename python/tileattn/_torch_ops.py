@@ -111,7 +111,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, *_dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        if dout.stride(-1) != 1:
+        if not dout.is_contiguous() and dout.stride(-1) != 1:
             dout = dout.contiguous()
         dq, dk, dv = _torch_calls.backward_with(ctx.o, dout, q, k, v, out, lse, *ctx.args)
         return dq, dk, dv, None, None, None
@@ -219,14 +219,15 @@ torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_cont
 
 
 class _BlockSparse(torch.autograd.Function):
-    """The eager twin of flex_fwd + its autograd, as _Attention is fwd's. o: the forward's Options,
-    o_bwd the backward's (the same with the device check of the block mask off: the forward checked
-    the lists, and autograd refuses a backward whose saved lists were written since). mask: as
-    _torch_calls.block_sparse_forward takes it; its tensors are saved, so such a write is caught."""
+    """The eager twin of flex_fwd + its autograd, as _Attention is fwd's, on [batch, heads, seq, d]
+    tensors. o: the forward's Options, o_bwd the backward's (the same with the device check of the
+    block mask off: the forward checked the lists, and autograd refuses a backward whose saved lists
+    were written since). mask: as _torch_calls.block_sparse_forward takes it; its tensors are saved,
+    so such a write is caught."""
 
     @staticmethod
     def forward(ctx, q, k, v, o, o_bwd, mask, alibi_slopes):
-        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes)
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
         num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens = mask
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k,
                               prefix_lens)
@@ -238,27 +239,30 @@ class _BlockSparse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k, prefix_lens = ctx.saved_tensors
-        if dout.stride(-1) != 1:
+        if not dout.is_contiguous() and dout.stride(-1) != 1:
             dout = dout.contiguous()
         mask = (num, idx, full_num, full_idx) + ctx.blocks + (docs_q, docs_k, prefix_lens)
-        dq, dk, dv = _torch_calls.block_sparse_backward(ctx.o, dout, q, k, v, out, lse, mask, alibi_slopes)
+        dq, dk, dv = _torch_calls.block_sparse_backward(ctx.o, dout, q, k, v, out, lse, mask, alibi_slopes, True)
         return dq, dk, dv, None, None, None, None
 
 
 def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, document_ids_q, document_ids_k,
          prefix_lens, block_q, block_k, alibi_slopes, scale, causal, top_left, window_left, window_right, chunk_size,
          prefix_len, softcap, backend, check_device_indices):
-    """flex_fwd's (out, lse), differentiable in q, k and v. Eager calls on plain tensors skip the op
-    dispatcher, and a GPU block mask is checked at its first use only (_checked_masks)."""
+    """flex_fwd's (out, lse) on [batch, heads, seq, d] q, k, v and out (FlexAttention's layout; lse
+    [batch, heads, seq]), differentiable in q, k and v. Eager calls on plain tensors skip the op
+    dispatcher and the transposed views (the native call reads the layout as it is), and a GPU block
+    mask is checked at its first use only (_checked_masks)."""
     lists = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
     if not _eager(q, k, v, alibi_slopes, document_ids_q, document_ids_k, prefix_lens, *lists):
-        return flex_fwd(q, k, v, *lists, document_ids_q, document_ids_k, prefix_lens, block_q, block_k, alibi_slopes,
-                        scale, causal, top_left, window_left, window_right, chunk_size, prefix_len, softcap, backend,
-                        check_device_indices)
+        out, lse = flex_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *lists, document_ids_q,
+                            document_ids_k, prefix_lens, block_q, block_k, alibi_slopes, scale, causal, top_left,
+                            window_left, window_right, chunk_size, prefix_len, softcap, backend, check_device_indices)
+        return out.transpose(1, 2), lse
     check = check_device_indices
     sizes = None
     if check and kv_num_blocks is not None and kv_num_blocks.is_cuda:
-        sizes = (q.shape[1], k.shape[1], block_q, block_k)
+        sizes = (q.shape[2], k.shape[2], block_q, block_k)
         check = not _checked_masks.seen(lists, sizes)
     o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                              0, check, chunk_size, prefix_len)
@@ -269,7 +273,7 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
             chunk_size, prefix_len)
         out, lse = _BlockSparse.apply(q, k, v, o, o_bwd, mask, alibi_slopes)
     else:
-        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes)
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
     if check and sizes is not None:
         _checked_masks.remember(lists, sizes)
     return out, lse
