@@ -25,6 +25,15 @@ forward, 2.5x backward) for every impl of a row's pattern, so TFLOP/s compare as
 row of a file is timed in the same run. A backward is timed as torch.autograd.grad of the impl's own
 forward output. On a CPU (--device cpu) torch-flex is compiled by inductor's CPU backend, and the
 CPU is shared: say so when quoting its numbers.
+
+The random and dense patterns' BlockMasks are built from their block tables directly
+(BlockMask.from_kv_blocks), never from a mask_mod evaluated over every (query, key) pair, which at
+16k tokens would materialize the dense mask. torch-flex compiles one callable per shape for the
+forward rows and another for the backward rows (inputs that require grad are another graph), with
+dynamo's recompile limit raised and its fallback to the unfused path turned into an error, so every
+torch-flex row times the compiled kernel or records why not. A row whose impl fails carries the
+error instead of a time (ms null) and the run goes on; the JSON record is rewritten after every row.
+tileattn's calls use the default device check of the block mask, done at a mask's first use.
 """
 import argparse
 import datetime
@@ -36,7 +45,7 @@ import sys
 import time
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 import tileattn
 
@@ -80,29 +89,42 @@ def documents(batch, seqlen, gen):
     return starts.to(torch.int32).cumsum(dim=1, dtype=torch.int32)
 
 
+def from_table(table, block, seqlen, mask_mod):
+    """The BlockMask whose visited blocks are table's True cells ([batch, heads, q blocks, k blocks]),
+    all fully visible, built from the lists (no dense mask)."""
+    full_num = table.sum(dim=-1, dtype=torch.int32)
+    # The listed blocks first, in key order: a stable sort of the cells by visited, descending.
+    full_idx = torch.sort(table.to(torch.int8), dim=-1, descending=True, stable=True)[1].to(torch.int32)
+    return BlockMask.from_kv_blocks(torch.zeros_like(full_num), torch.zeros_like(full_idx), full_num, full_idx,
+                                    BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(seqlen, seqlen))
+
+
 def patterns(names, densities, batch, heads, seqlen, block, device, gen):
-    """(name, mask_mod, tileattn kwargs, (dense call kind, its argument)) per pattern (random: one per density)."""
+    """(name, mask_mod, tileattn kwargs, (dense call kind, its argument), table) per pattern (random: one
+    per density); table: the block table of a pattern built from one (from_table), else None."""
     for name in names:
         if name == "causal":
-            yield name, lambda b, h, q, k: q >= k, dict(causal=True), ("causal", None)
+            yield name, lambda b, h, q, k: q >= k, dict(causal=True), ("causal", None), None
         elif name == "window":
             yield name, lambda b, h, q, k: (q >= k) & (q - k < 1024), dict(causal=True, window_size=(1023, 0)), \
-                ("window", 1023)
+                ("window", 1023), None
         elif name == "documents":
             ids = documents(batch, seqlen, gen).to(device)
             # The dense equivalent: the documents as a varlen batch, each its own sequence.
             lens = [int(n) for row in ids.cpu() for n in torch.unique_consecutive(row, return_counts=True)[1]]
             cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
             yield name, lambda b, h, q, k: (ids[b, q] == ids[b, k]) & (q >= k), dict(causal=True, document_ids=ids), \
-                ("documents", (cu, max(lens)))
+                ("documents", (cu, max(lens))), None
         elif name == "random":
             qb = kb = seqlen // block
             for d in densities:
                 table = (torch.rand(batch, heads, qb, kb, generator=gen) < d).to(device)
                 yield "random", (lambda t: lambda b, h, q, k: t[b, h, q // block, k // block])(table), dict(), \
-                    ("full", None)
+                    ("full", None), table
         elif name == "dense":
-            yield name, lambda b, h, q, k: q >= 0, dict(), ("full", None)
+            qb = kb = -(-seqlen // block)
+            yield name, lambda b, h, q, k: q >= 0, dict(), ("full", None), \
+                torch.ones(batch, heads, qb, kb, dtype=torch.bool, device=device)
         else:
             sys.exit(f"block_sparse: unknown pattern {name!r}")
 
@@ -151,65 +173,99 @@ def main():
         torch.set_num_threads(args.threads)
         tileattn.set_num_threads(args.threads)
     run = timer(device)
-    flex_compiled = torch.compile(flex_attention, dynamic=False)
+    # Every pattern, density and pass is another graph for dynamo (mask_mod, the lists' shapes,
+    # inputs that require grad): room for all of them, and an error rather than the unfused fallback.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     gen = torch.Generator().manual_seed(0)
     rows = []
+    record = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "date": datetime.date.today().isoformat(), "commit": args.commit or git_commit(), "ceilings": None,
+              "torch": torch.__version__, "threads": torch.get_num_threads() if device == "cpu" else None, "rows": rows}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+
+    def error(e):
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
     for hdim in (int(x) for x in args.hdims.split(",")):
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             batch, heads = max(1, args.tokens // seqlen), args.width // hdim
             heads_kv = heads // args.heads_kv_ratio
+            shape = {"dtype": args.dtype, "batch": batch, "seqlen_q": seqlen, "seqlen_k": seqlen, "heads_q": heads,
+                     "heads_kv": heads_kv, "hdim": hdim, "block_size": args.block, "page_size": None}
+            torch._dynamo.reset()
+            flex_fwd = torch.compile(flex_attention, dynamic=False)
+            flex_bwd = torch.compile(flex_attention, dynamic=False)
             # [b, h, s, d] views of [b, s, h, d] memory (DESIGN.md's storage; the varlen call reads it as is).
             bshd = lambda h: torch.randn(batch, seqlen, h, hdim, device=device, dtype=dtype).transpose(1, 2)  # noqa: E731
             q, k, v = (bshd(n).requires_grad_() for n in (heads, heads_kv, heads_kv))
             dout = torch.randn_like(q)
             gqa = heads_kv != heads
-            for name, mask_mod, kw, (dense_kind, extra) in patterns(
+            for name, mask_mod, kw, (dense_kind, extra), table in patterns(
                     args.patterns.split(","), [float(x) for x in args.densities.split(",")], batch, heads, seqlen,
                     args.block, device, gen):
-                bm = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device=device, BLOCK_SIZE=args.block)
-                density = density_of(bm)
-                # Per impl, its call on (q, k, v); the forward is timed on detached inputs (torch's
+                bm = None
+                try:
+                    if table is not None:
+                        bm = from_table(table, args.block, seqlen, mask_mod)
+                    else:
+                        bm = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device=device,
+                                               BLOCK_SIZE=args.block)
+                    density = density_of(bm)
+                except Exception as e:  # the pattern cannot be built at this size: one row says so
+                    print(f"{name}: building its BlockMask failed: {error(e)}", file=sys.stderr)
+                    rows.append(dict(grid="block_sparse", impl="tileattn", pattern=name, density=None, **{"pass": None}, **shape,
+                                     causal=kw.get("causal", False), ms=None, tflops=None, tbps=None,
+                                     error=f"BlockMask: {error(e)}"))
+                    save()
+                    continue
+                # Per impl and pass, its call on (q, k, v); the forward is timed on detached inputs (torch's
                 # flex_attention refuses inputs that require grad on a CPU), the backward on q, k, v.
-                # create_block_mask's lists are valid by construction: the timed calls skip copying them
-                # back to the host to check them (check_device_indices).
-                impls = {"tileattn": lambda q, k, v: tileattn.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa,
-                                                                             check_device_indices=False, **kw)}
+                impls = {"tileattn": lambda q, k, v, bwd: tileattn.flex_attention(q, k, v, block_mask=bm,
+                                                                                  enable_gqa=gqa, **kw)}
                 if "flex" in peers:
-                    impls["torch-flex"] = lambda q, k, v: flex_compiled(q, k, v, block_mask=bm, enable_gqa=gqa)
+                    impls["torch-flex"] = lambda q, k, v, bwd: (flex_bwd if bwd else flex_fwd)(
+                        q, k, v, block_mask=bm, enable_gqa=gqa)
                 if "dense" in peers:
-                    impls["tileattn-dense"] = lambda q, k, v: dense_call(dense_kind, extra, q, k, v)
+                    impls["tileattn-dense"] = lambda q, k, v, bwd: dense_call(dense_kind, extra, q, k, v)
                 fwd_flops = 4.0 * batch * heads * seqlen * seqlen * hdim * density
                 for impl, fn in impls.items():
                     for pas in args.passes.split(","):
+                        row = dict(grid="block_sparse", impl=impl, pattern=name, density=round(density, 4),
+                                   **{"pass": pas}, **shape, causal=kw.get("causal", False))
                         try:
                             if pas == "fwd":
                                 qd, kd, vd = (x.detach() for x in (q, k, v))
-                                ms = run(lambda: fn(qd, kd, vd), iters)
+                                ms = run(lambda: fn(qd, kd, vd, False), iters)
                             else:
-                                out = fn(q, k, v)
+                                out = fn(q, k, v, True)
                                 ms = run(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters)
-                        except Exception as e:  # a peer that cannot run this row: recorded, not fatal
-                            print(f"{impl} {name} {pas}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                                del out
+                        except Exception as e:  # an impl that cannot run this row: recorded, not fatal
+                            msg = error(e)
+                            print(f"{impl} {name} {pas}: {msg}", file=sys.stderr)
+                            rows.append(dict(row, ms=None, tflops=None, tbps=None, error=msg))
+                            save()
                             continue
                         flops = fwd_flops * (2.5 if pas == "bwd" else 1.0)
-                        rows.append({"grid": "block_sparse", "impl": impl, "pattern": name, "density": round(density, 4),
-                                     "pass": pas, "dtype": args.dtype, "batch": batch, "seqlen_q": seqlen,
-                                     "seqlen_k": seqlen, "heads_q": heads, "heads_kv": heads_kv, "hdim": hdim,
-                                     "causal": kw.get("causal", False), "block_size": args.block, "page_size": None,
-                                     "ms": ms, "tflops": flops / ms / 1e9, "tbps": None})
+                        rows.append(dict(row, ms=ms, tflops=flops / ms / 1e9, tbps=None))
+                        save()
                         print(f"{impl:15s} {name:10s} d={density:.3f} {pas} hdim={hdim} s={seqlen}: {ms:9.3f} ms",
                               file=sys.stderr)
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    record = {"device": name, "date": datetime.date.today().isoformat(), "commit": args.commit or git_commit(),
-              "ceilings": None, "torch": torch.__version__, "threads": torch.get_num_threads() if device == "cpu" else None,
-              "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+                del bm
+    save()
     # tileattn's time against each peer per (shape, pattern, density, pass): >= 1.0 means faster.
     key = lambda r: (r["hdim"], r["seqlen_q"], r["pattern"], r["density"], r["pass"])  # noqa: E731
     by = {}
     for r in rows:
-        by.setdefault(key(r), {})[r["impl"]] = r["ms"]
+        if r["ms"] is not None:
+            by.setdefault(key(r), {})[r["impl"]] = r["ms"]
     print(f"{'hdim':>4} {'seqlen':>6} {'pattern':10} {'density':>7} {'pass':4} {'ms':>9} {'vs flex':>8} {'vs dense':>8}")
     for k_, m in by.items():
         if "tileattn" not in m:

@@ -8,6 +8,7 @@ forward call under no_grad; "fwd+bwd" a forward with inputs that require grad pl
 launch (out.backward(dout)).
 
 usage: overhead.py [--out FILE] [--device cuda|cpu] [--calls N] [--shape B,S,H,D] [--cache N] [--breakdown]
+                   [--profile FILE]
 Writes the DESIGN.md record (grid "overhead": impl, entry, pass, us) and prints tileattn / SDPA per
 entry point and pass (target <= 1.25). Problem: batch 1, 128 tokens, 8 heads, head dim 64, bf16 on a
 GPU; the decode row attends one query row to 4000 cached keys (--cache).
@@ -20,6 +21,10 @@ a short cache keeps the compute small there:
 --breakdown adds rows that split tileattn's time: "tileattn-native", the native call alone on
 outputs allocated beforehand (argument conversion, validation, the launch or the CPU compute), and
 "torch-empty", one output allocation; the rest of an entry's time is its Python.
+
+--profile FILE runs each entry's fwd+bwd call (tileattn, then SDPA) a few hundred times under
+torch.profiler and writes their tables of host time by operator and runtime call (CUDA API calls
+included on a GPU: a synchronization, a pointer query or a memset per call shows there) to FILE.
 """
 import argparse
 import datetime
@@ -113,6 +118,27 @@ def native_calls(device, dtype):
             ("torch-empty", "alloc", "fwd", lambda: torch.empty_like(q))]
 
 
+def profile(path, device, dtype, calls):
+    """Host time by operator and CUDA runtime call of each fwd+bwd entry (see --profile)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with open(path, "w") as f:
+        for entry, (_, _, ours_b, sdpa_b) in entries(device, dtype).items():
+            for impl, fn in (("tileattn", ours_b), ("torch-sdpa", sdpa_b)):
+                if fn is None:
+                    continue
+                for _ in range(20):
+                    fn()
+                with torch_profile(activities=activities) as prof:
+                    for _ in range(calls):
+                        fn()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                f.write(f"== {entry} fwd+bwd {impl}: {calls} calls\n")
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+    print(f"profile: {path}")
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -129,6 +155,7 @@ def main():
     ap.add_argument("--shape", help="batch,tokens,heads,head_dim (default 1,128,8,64)")
     ap.add_argument("--cache", type=int, default=CACHE, help=f"the decode row's cached keys (default {CACHE})")
     ap.add_argument("--breakdown", action="store_true", help="also time the native calls alone (see above)")
+    ap.add_argument("--profile", metavar="FILE", help="write torch.profiler tables of the fwd+bwd calls (see above)")
     a = ap.parse_args()
     if a.shape:
         B, S, H, D = (int(x) for x in a.shape.split(","))
@@ -164,6 +191,9 @@ def main():
                                  seqlen_q=S, seqlen_k=S, heads_q=H, heads_kv=H, hdim=D, causal=True, impl=impl,
                                  **{"pass": pass_}, us=round(us, 2)))
                 print(f"{impl + ' ' + entry:30} {pass_:8} {us:12.1f}")
+    if a.profile:
+        with torch.enable_grad():
+            profile(a.profile, a.device, dtype, 200)
     device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     record = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
               "torch": torch.__version__, "rows": rows}

@@ -425,7 +425,7 @@ void bind_calls(nb::module_& m) {
 }
 
 // Block-sparse attention and document ids: forward and backward with an optional block mask (see
-// BlockMask in attention.hpp) and optional document ids.
+// BlockMask in attention.hpp) and optional document ids. heads_first as in forward / backward.
 BlockMask block_mask(const char* fn, const OptIn& num, const OptIn& idx, const OptIn& full_num, const OptIn& full_idx,
                      const OptIn& dense, int block_q, int block_k) {
   BlockMask m;
@@ -446,8 +446,8 @@ void bind_block_sparse(nb::module_& m) {
       [](const Input& q, const Input& k, const Input& v, const Output& out, const OptOut& lse, const OptIn& cu_q,
          const OptIn& cu_k, int max_q, int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx,
          const OptIn& full_num, const OptIn& full_idx, const OptIn& dense, int block_q, int block_k,
-         const OptIn& docs_q, const OptIn& docs_k, const OptIn& prefix_lens, const Options& o) {
-        ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o);
+         const OptIn& docs_q, const OptIn& docs_k, const OptIn& prefix_lens, const Options& o, bool heads_first) {
+        ForwardArgs a = forward_args("forward", q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, o, heads_first);
         a.block_mask = block_mask("forward", num, idx, full_num, full_idx, dense, block_q, block_k);
         a.document_ids_q = to_view("forward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("forward", "document_ids_k", docs_k);
@@ -459,7 +459,7 @@ void bind_block_sparse(nb::module_& m) {
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
       "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
       "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
-      "options"_a = Options(), Release());
+      "options"_a = Options(), "heads_first"_a = false, Release());
 
   m.def(
       "backward_block_sparse",
@@ -467,9 +467,9 @@ void bind_block_sparse(nb::module_& m) {
          const Output& dq, const Output& dk, const Output& dv, const OptIn& cu_q, const OptIn& cu_k, int max_q,
          int max_k, const OptIn& alibi, const OptIn& num, const OptIn& idx, const OptIn& full_num,
          const OptIn& full_idx, const OptIn& dense, int block_q, int block_k, const OptIn& docs_q, const OptIn& docs_k,
-         const OptIn& prefix_lens, const Options& o) {
-        BackwardArgs a =
-            backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi, o);
+         const OptIn& prefix_lens, const Options& o, bool heads_first) {
+        BackwardArgs a = backward_args("backward", q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi,
+                                       o, heads_first);
         a.block_mask = block_mask("backward", num, idx, full_num, full_idx, dense, block_q, block_k);
         a.document_ids_q = to_view("backward", "document_ids_q", docs_q);
         a.document_ids_k = to_view("backward", "document_ids_k", docs_k);
@@ -481,7 +481,7 @@ void bind_block_sparse(nb::module_& m) {
       "kv_num_blocks"_a = nb::none(), "kv_indices"_a = nb::none(), "full_kv_num_blocks"_a = nb::none(),
       "full_kv_indices"_a = nb::none(), "mask"_a = nb::none(), "block_q"_a = 128, "block_k"_a = 128,
       "document_ids_q"_a = nb::none(), "document_ids_k"_a = nb::none(), "prefix_lens"_a = nb::none(),
-      "options"_a = Options(), Release());
+      "options"_a = Options(), "heads_first"_a = false, Release());
 }
 
 void bind_runtime(nb::module_& m) {

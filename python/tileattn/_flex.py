@@ -123,8 +123,10 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     With a mask and no block_mask the block lists come from the mask (blocks of 128 x 128: all-False
     skipped, all-True full, others partial). heads_kv < heads_q needs enable_gqa=True.
     Differentiable in q, k, v; traceable by torch.compile (a mask tensor; "mask_mod" evaluates Python
-    per call). check_device_indices: a GPU-resident block mask is copied to the host and checked
-    (one synchronization per call); False skips that (out-of-range entries are then ignored)."""
+    per call). check_device_indices: a GPU-resident block mask is copied to the host and checked (one
+    synchronization) at its first use, and again once written in place or used at other sizes (eager
+    calls; a traced call checks every time); False skips that (out-of-range entries are then ignored).
+    Block lists built here from a mask are not checked (they are valid by construction)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
                         "any array)")
@@ -136,8 +138,7 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         raise ValueError(f"tileattn.flex_attention: query has {query.shape[1]} heads and key {key.shape[1]}; "
                          "pass enable_gqa=True for grouped-query attention")
     from . import _torch_ops
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
     m = block_mask
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
     lists = (None,) * 4 if m is None else (m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices)
@@ -151,12 +152,12 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         mask = _dense_mask.expand("flex_attention", mask, *dims)
     if mask is not None and m is None:
         lists = _dense_mask.block_lists(mask, block_q, block_k)
+        check_device_indices = False
     docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
     prefix, prefix_lens = _prefix("flex_attention", prefix_len)
-    out, lse = _torch_ops.flex_fwd(
+    out, lse = _torch_ops.flex(
         q, k, v, *lists, docs_q, docs_k, prefix_lens, mask, int(block_q), int(block_k), alibi_slopes,
         None if scale is None else float(scale), bool(causal),
         bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
         float(softcap), _config.backend, bool(check_device_indices))
-    out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

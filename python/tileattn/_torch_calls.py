@@ -29,10 +29,10 @@ def _stream(x):
 
 
 def options(like, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
-            deterministic, backend, num_splits=0, check_device_indices=True):
+            deterministic, backend, num_splits=0, check_device_indices=True, chunk_size=0, prefix_len=0):
     stream = _stream(like)
     key = (scale, causal, top_left, window_left, window_right, softcap, dropout_p, deterministic, backend,
-           num_splits, check_device_indices, stream)
+           num_splits, check_device_indices, stream, chunk_size, prefix_len)
     if seed == 0 and offset == 0:
         o = _options.get(key)
         if o is not None:
@@ -44,6 +44,9 @@ def options(like, scale, causal, top_left, window_left, window_right, softcap, d
                    window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
                    seed=seed, offset=offset, deterministic=deterministic, backend=b, num_splits=num_splits,
                    check_device_indices=check_device_indices, stream=stream)
+    if chunk_size or prefix_len:
+        o.chunk_size = chunk_size
+        o.prefix_len = prefix_len
     if seed == 0 and offset == 0:
         if len(_options) > 1024:  # bounded: option values come from a program, but streams can be many
             _options.clear()
@@ -68,6 +71,14 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
     differentiates and whose caller discards the LSE)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
                 deterministic, backend)
+    return forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                        heads_first, need_lse)
+
+
+def forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, heads_first,
+                 need_lse=True):
+    """forward with its Options built: autograd's eager path keeps them for the backward, which
+    takes the same ones (the seed included)."""
     out = empty_out(q, v)
     varlen = cu_seqlens_q is not None
     lse = None
@@ -88,11 +99,44 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """(dq, dk, dv); the arguments after lse in forward's order (heads_first as there)."""
     o = options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
                 deterministic, backend)
+    return backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         alibi_slopes, heads_first)
+
+
+def backward_with(o, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                  heads_first):
+    """backward with its Options built (the forward's)."""
     dq, dk, dv = _empty(q), _empty(k), _empty(v)
     _C.backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 alibi_slopes, o, _scratch(q), heads_first)
     if _log.enabled:
         _log.call("backward", q, k, cu_seqlens_q is not None, o)
+    return dq, dk, dv
+
+
+def block_sparse_forward(o, q, k, v, mask, alibi_slopes, heads_first=False):
+    """(out, lse) of tileattn.flex_attention's call on [batch, seq, heads, d] tensors (heads_first:
+    [batch, heads, seq, d], as forward reads them). mask: (kv_num_blocks, kv_indices,
+    full_kv_num_blocks, full_kv_indices, block_q, block_k, document_ids_q, document_ids_k,
+    prefix_lens, dense mask), the first four None for no block mask."""
+    out = empty_out(q, v)
+    lse = q.new_empty(lse_shape(q, False, heads_first), dtype=_F32)
+    num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, dense = mask
+    _C.forward_block_sparse(q, k, v, out, lse, None, None, 0, 0, alibi_slopes, num, idx, full_num, full_idx, dense,
+                            block_q, block_k, docs_q, docs_k, prefix_lens, o, heads_first)
+    if _log.enabled:
+        _log.call("forward", q, k, False, o)
+    return out, lse
+
+
+def block_sparse_backward(o, dout, q, k, v, out, lse, mask, alibi_slopes, heads_first=False):
+    """(dq, dk, dv) of block_sparse_forward's call, with its mask and layout."""
+    dq, dk, dv = _empty(q), _empty(k), _empty(v)
+    num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, dense = mask
+    _C.backward_block_sparse(q, k, v, out, dout, lse, dq, dk, dv, None, None, 0, 0, alibi_slopes, num, idx, full_num,
+                             full_idx, dense, block_q, block_k, docs_q, docs_k, prefix_lens, o, heads_first)
+    if _log.enabled:
+        _log.call("backward", q, k, False, o)
     return dq, dk, dv
 
 
@@ -113,7 +157,10 @@ def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_
 
 def _empty(x):
     # A contiguous tensor shaped like x. empty_like takes no shape to parse: it is the cheapest
-    # allocation PyTorch's Python API has. Contiguous whatever x's strides, as the fake rules say.
+    # allocation PyTorch's Python API has. Contiguous whatever x's strides, as the fake rules say;
+    # for a contiguous x its default (x's layout) is that, and skips parsing a keyword argument.
+    if x.is_contiguous():
+        return torch.empty_like(x)
     return torch.empty_like(x, memory_format=_CONTIGUOUS)
 
 

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _torch_calls
+from . import _checked_masks, _torch_calls
 
 
 def _seed(dropout_p):
@@ -88,27 +88,33 @@ torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_f
 
 
 class _Attention(torch.autograd.Function):
-    """The eager twin of fwd + its autograd: the same calls without the op dispatcher. args: the
-    arguments of _torch_calls.forward after v, through heads_first (the index tensors and
-    alibi_slopes among them, which nothing differentiates: held by the context, not saved)."""
+    """The eager twin of fwd + its autograd: the same calls without the op dispatcher. o: the call's
+    tileattn.Options, built once and kept for the backward, which takes the same ones (the dropout
+    seed included; autograd runs it on the forward's stream). args: the arguments of
+    _torch_calls.forward_with after v (the index tensors and alibi_slopes among them, which nothing
+    differentiates: held by the context, not saved). need_lse False: out is the node's only output
+    (the LSE is made for the backward all the same), which saves autograd an output to track."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
-        out, lse = _torch_calls.forward(q, k, v, *args)
+    def forward(ctx, q, k, v, o, args, need_lse):
+        out, lse = _torch_calls.forward_with(o, q, k, v, *args)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.o = o
         ctx.args = args
+        if not need_lse:
+            return out
         # The LSE's gradient is never used: None rather than a tensor of zeros made per backward.
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, *_dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        if dout.stride(-1) != 1:
+        if not dout.is_contiguous() and dout.stride(-1) != 1:
             dout = dout.contiguous()
-        dq, dk, dv = _torch_calls.backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None
+        dq, dk, dv = _torch_calls.backward_with(ctx.o, dout, q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None
 
 
 _Tensor = torch.Tensor
@@ -133,13 +139,15 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
             (cu_seqlens_q is None or type(cu_seqlens_q) is _Tensor) and \
             (alibi_slopes is None or type(alibi_slopes) is _Tensor) and not _is_compiling():
         seed = _seed(dropout_p) if dropout_p else 0
+        o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, 0,
+                                 deterministic, backend)
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
-            return _Attention.apply(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                              scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-                                              seed, deterministic, backend, heads_first))
-        return _torch_calls.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                    scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-                                    deterministic, backend, heads_first, need_lse)
+            args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, heads_first)
+            if need_lse:
+                return _Attention.apply(q, k, v, o, args, True)
+            return _Attention.apply(q, k, v, o, args, False), None
+        return _torch_calls.forward_with(o, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         alibi_slopes, heads_first, need_lse)
     out, lse, _ = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, scale, causal,
                       top_left, window_left, window_right, softcap, dropout_p, deterministic, backend, heads_first)
     return out, lse
@@ -210,6 +218,68 @@ def _flex_backward(ctx, dout, _dlse):
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)
+
+
+class _BlockSparse(torch.autograd.Function):
+    """The eager twin of flex_fwd + its autograd, as _Attention is fwd's, on [batch, heads, seq, d]
+    tensors. o: the forward's Options, o_bwd the backward's (the same with the device check of the
+    block mask off: the forward checked the lists, and autograd refuses a backward whose saved lists
+    were written since). mask: as _torch_calls.block_sparse_forward takes it; its tensors are saved,
+    so such a write is caught."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, o, o_bwd, mask, alibi_slopes):
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
+        num, idx, full_num, full_idx, block_q, block_k, docs_q, docs_k, prefix_lens, dense = mask
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k,
+                              prefix_lens, dense)
+        ctx.o, ctx.blocks = o_bwd, (block_q, block_k)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, num, idx, full_num, full_idx, docs_q, docs_k, prefix_lens, dense = \
+            ctx.saved_tensors
+        if not dout.is_contiguous() and dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        mask = (num, idx, full_num, full_idx) + ctx.blocks + (docs_q, docs_k, prefix_lens, dense)
+        dq, dk, dv = _torch_calls.block_sparse_backward(ctx.o, dout, q, k, v, out, lse, mask, alibi_slopes, True)
+        return dq, dk, dv, None, None, None, None
+
+
+def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, document_ids_q, document_ids_k,
+         prefix_lens, dense_mask, block_q, block_k, alibi_slopes, scale, causal, top_left, window_left, window_right, chunk_size,
+         prefix_len, softcap, backend, check_device_indices):
+    """flex_fwd's (out, lse) on [batch, heads, seq, d] q, k, v and out (FlexAttention's layout; lse
+    [batch, heads, seq]), differentiable in q, k and v. Eager calls on plain tensors skip the op
+    dispatcher and the transposed views (the native call reads the layout as it is), and a GPU block
+    mask is checked at its first use only (_checked_masks)."""
+    lists = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
+    if not _eager(q, k, v, alibi_slopes, document_ids_q, document_ids_k, prefix_lens, dense_mask, *lists):
+        out, lse = flex_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *lists, document_ids_q,
+                            document_ids_k, prefix_lens, dense_mask, block_q, block_k, alibi_slopes, scale, causal, top_left,
+                            window_left, window_right, chunk_size, prefix_len, softcap, backend, check_device_indices)
+        return out.transpose(1, 2), lse
+    check = check_device_indices
+    sizes = None
+    if check and kv_num_blocks is not None and kv_num_blocks.is_cuda:
+        sizes = (q.shape[2], k.shape[2], block_q, block_k)
+        check = not _checked_masks.seen(lists, sizes)
+    o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
+                             0, check, chunk_size, prefix_len)
+    mask = lists + (block_q, block_k, document_ids_q, document_ids_k, prefix_lens, dense_mask)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
+        o_bwd = o if not check else _torch_calls.options(
+            q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend, 0, False,
+            chunk_size, prefix_len)
+        out, lse = _BlockSparse.apply(q, k, v, o, o_bwd, mask, alibi_slopes)
+    else:
+        out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
+    if check and sizes is not None:
+        _checked_masks.remember(lists, sizes)
+    return out, lse
 
 
 @torch.library.custom_op("tileattn::decode", mutates_args=("k_cache", "v_cache"))

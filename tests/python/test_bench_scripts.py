@@ -1,4 +1,4 @@
-"""bench/train_e2e.py --tiny and bench/overhead.py on a few CPU calls: the scripts' whole paths (models,
+"""bench/train_e2e.py --tiny, bench/overhead.py and bench/block_sparse.py on a few CPU calls: the scripts' whole paths (models,
 every CPU implementation, timing, the JSON record) in seconds, so the GPU runs do not find a broken script."""
 
 import json
@@ -38,3 +38,17 @@ def test_overhead_record(tmp_path):
     assert {(r["impl"], r["pass"]) for r in rows} >= {("tileattn", "fwd"), ("torch-sdpa", "fwd"),
                                                     ("tileattn", "fwd+bwd"), ("torch-sdpa", "fwd+bwd")}
     assert all(r["grid"] == "overhead" and r["us"] > 0 for r in rows)
+
+
+def test_block_sparse_record(tmp_path):
+    """Every pattern (random and dense built from their block tables), both passes, tileattn and its
+    dense kernel; torch-flex is left out (compiling it takes minutes on a shared CPU)."""
+    out = tmp_path / "block_sparse.json"
+    _run("block_sparse.py", str(out), "--device", "cpu", "--dtype", "fp32", "--tokens", "128", "--width", "32",
+         "--hdims", "16", "--seqlens", "128", "--block", "64", "--densities", "0.5", "--iters", "1", "--threads", "1",
+         "--peers", "dense")
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["pattern"] for r in rows} == {"causal", "window", "documents", "random", "dense"}
+    assert {(r["impl"], r["pass"]) for r in rows} == {(i, p) for i in ("tileattn", "tileattn-dense")
+                                                    for p in ("fwd", "bwd")}
+    assert all(r["grid"] == "block_sparse" and r["ms"] > 0 and "error" not in r for r in rows)

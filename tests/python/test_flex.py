@@ -404,3 +404,62 @@ def test_flex_attention_on_cuda_matches_reference(kind):
     for name, x, b, r in [("out", got, base, ref)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(*grads))]:
         floor = 2 ** -8 * r.abs().max().item()
         assert err(x, r) <= 2 * err(b, r) + floor, f"{kind} {name}: {err(x, r)} against the baseline's {err(b, r)}"
+
+
+def test_checked_masks_follow_identity_version_and_sizes():
+    """A checked block mask is remembered by its tensors and versions and the sizes checked against:
+    a write in place, other sizes or other tensors make it unchecked again."""
+    torch = pytest.importorskip("torch")
+    from tileattn import _checked_masks
+    num, idx = torch.ones(1, 1, 2, dtype=torch.int32), torch.zeros(1, 1, 2, 2, dtype=torch.int32)
+    lists, sizes = (num, idx, None, None), (64, 64, 32, 32)
+    assert not _checked_masks.seen(lists, sizes)
+    _checked_masks.remember(lists, sizes)
+    assert _checked_masks.seen(lists, sizes)
+    assert not _checked_masks.seen(lists, (64, 96, 32, 32))
+    assert not _checked_masks.seen((num, idx.clone(), None, None), sizes)
+    assert not _checked_masks.seen((num, idx, num, idx), sizes)
+    idx[0, 0, 1, 0] = 1
+    assert not _checked_masks.seen(lists, sizes)
+
+
+def test_flex_attention_eager_path_matches_the_op():
+    """The eager call (no op dispatcher) and the tileattn::flex_fwd op that torch.compile sees give
+    the same output, LSE and gradients."""
+    torch, flex = _flex()
+    from tileattn import _torch_ops
+    torch.manual_seed(2)
+    sq, d = 96, 16
+    q, k, v = (torch.randn(2, 2, sq, d, requires_grad=True) for _ in range(3))
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, sq, sq, device="cpu", BLOCK_SIZE=32)
+    got, lse = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True, return_lse=True)
+    qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
+    want, want_lse = _torch_ops.flex_fwd(qs, ks, vs, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
+                                         bm.full_kv_indices, None, None, None, 32, 32, None, None, True, True, -1,
+                                         -1, 0, 0, 0.0, "auto", True)
+    torch.testing.assert_close(got, want.transpose(1, 2), atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    g = torch.randn_like(got)
+    for x, y in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want.transpose(1, 2), (q, k, v), g)):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+def test_flex_attention_cuda_mask_is_checked_once_and_again_when_written():
+    """A GPU block mask is copied back and checked at its first use only; bad entries raise an error
+    naming the list, and a mask written in place is checked again."""
+    torch, flex = _flex()
+    from tileattn import _checked_masks
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    sq, d = 256, 64
+    q, k, v = (torch.randn(1, 2, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, sq, sq, device="cuda", BLOCK_SIZE=128)
+    lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+    first = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
+    assert _checked_masks.seen(lists, (sq, sq, 128, 128))
+    torch.testing.assert_close(tileattn.flex_attention(q, k, v, block_mask=bm, causal=True), first, atol=0, rtol=0)
+    bm.kv_indices[0, 0, 0, 0] = 1000
+    with pytest.raises(tileattn.Error, match=r"block_mask.kv_indices\[0, 0, 0, 0\] = 1000 is outside"):
+        tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
+    with pytest.raises(tileattn.Error, match=r"block_mask.kv_indices"):
+        tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)  # not remembered after the failure
