@@ -552,6 +552,10 @@ void bind_runtime(nb::module_& m) {
 NB_MODULE(_C, m) {
   using namespace tileattn::python;
   m.attr("__version__") = TILEATTN_VERSION;
+  // An autograd graph alive at exit (a global output of a differentiable call) holds its call's
+  // Options in PyTorch's nodes, which the interpreter need not free before this module's teardown:
+  // nanobind would report that as a leak on every such program's exit.
+  nb::set_leak_warnings(false);
 
   // tileattn.Error: both a ValueError (bad input, the common case) and a RuntimeError (what the
   // C++ type derives from), so either except clause catches it.

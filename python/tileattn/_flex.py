@@ -52,7 +52,7 @@ def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, b
 def _features(kv_num_blocks, document_ids, mask):
     """The call's block-sparse features, for the log line."""
     docs = document_ids is not None and not (isinstance(document_ids, (tuple, list)) and document_ids[0] is None)
-    return ("block-sparse", kv_num_blocks is not None), ("documents", docs), ("dense-mask", mask is not None)
+    return _log.block_sparse(kv_num_blocks is not None, docs, mask is not None)
 
 
 def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None, *,

@@ -40,6 +40,11 @@ def _shape(x):
     return "x".join(str(int(s)) for s in x.shape)
 
 
+def block_sparse(blocks, documents, dense_mask):
+    """A block-sparse call's (feature, on) pairs for call()."""
+    return ("block-sparse", blocks), ("documents", documents), ("dense-mask", dense_mask)
+
+
 def call(entry, q, k, indexed, o, *more):
     """more: further (feature, on) pairs of the call."""
     device = q.device.type if hasattr(q, "device") and hasattr(q.device, "type") else "cpu"

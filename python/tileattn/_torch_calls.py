@@ -125,7 +125,7 @@ def block_sparse_forward(o, q, k, v, mask, alibi_slopes, heads_first=False):
     _C.forward_block_sparse(q, k, v, out, lse, None, None, 0, 0, alibi_slopes, num, idx, full_num, full_idx, dense,
                             block_q, block_k, docs_q, docs_k, prefix_lens, o, heads_first)
     if _log.enabled:
-        _log.call("forward", q, k, False, o)
+        _log.call("forward", q, k, False, o, *_features(mask))
     return out, lse
 
 
@@ -136,8 +136,14 @@ def block_sparse_backward(o, dout, q, k, v, out, lse, mask, alibi_slopes, heads_
     _C.backward_block_sparse(q, k, v, out, dout, lse, dq, dk, dv, None, None, 0, 0, alibi_slopes, num, idx, full_num,
                              full_idx, dense, block_q, block_k, docs_q, docs_k, prefix_lens, o, heads_first)
     if _log.enabled:
-        _log.call("backward", q, k, False, o)
+        _log.call("backward", q, k, False, o, *_features(mask))
     return dq, dk, dv
+
+
+def _features(mask):
+    """A block-sparse call's features, for the log line."""
+    num, _, _, _, _, _, docs_q, _, _, dense = mask
+    return _log.block_sparse(num is not None, docs_q is not None, dense is not None)
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved,

@@ -435,7 +435,7 @@ def test_flex_attention_eager_path_matches_the_op():
     got, lse = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True, return_lse=True)
     qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
     want, want_lse = _torch_ops.flex_fwd(qs, ks, vs, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
-                                         bm.full_kv_indices, None, None, None, 32, 32, None, None, True, True, -1,
+                                         bm.full_kv_indices, None, None, None, None, 32, 32, None, None, True, True, -1,
                                          -1, 0, 0, 0.0, "auto", True)
     torch.testing.assert_close(got, want.transpose(1, 2), atol=0, rtol=0)
     torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
