@@ -470,10 +470,36 @@ std::vector<Field<Args>> block_mask_fields() {
           F("block_mask.mask", get(&BlockMask::mask), false, test::grow_dim0, true)};
 }
 
+// A forward or a backward on Batched's problem, for the suites of its further inputs: the arguments,
+// the call, the buffers it writes and the inputs those are aliased with.
 template <class Args>
-void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, std::function<Args()> plain,
-                        std::function<void(const Args&)> call, std::vector<Field<Args>> written,
-                        std::vector<Field<Args>> others) {
+struct EntryCall {
+  std::function<Args()> plain;
+  std::function<void(const Args&)> call;
+  std::vector<Field<Args>> written, others;
+};
+
+EntryCall<ForwardArgs> forward_call(Batched& t) {
+  using F = Field<ForwardArgs>;
+  const F out{"out", &ForwardArgs::out, true, nullptr}, lse{"lse", &ForwardArgs::lse, false, nullptr};
+  return {[&t] { return t.forward_args(); }, [](const ForwardArgs& a) { forward(a); }, {out, lse},
+          {F{"q", &ForwardArgs::q, true, nullptr}, out, lse}};
+}
+
+EntryCall<BackwardArgs> backward_call(Batched& t) {
+  // A real lse for the backward: the plain forward's (finite, which is all validation reads, whatever
+  // mask the suite's calls add).
+  forward(t.forward_args());
+  using F = Field<BackwardArgs>;
+  const F dq{"dq", &BackwardArgs::dq, true, nullptr}, dk{"dk", &BackwardArgs::dk, true, nullptr},
+      dv{"dv", &BackwardArgs::dv, true, nullptr};
+  return {[&t] { return t.backward_args(); }, [](const BackwardArgs& a) { backward(a); }, {dq, dk, dv},
+          {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv}};
+}
+
+template <class Args>
+void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, const EntryCall<Args>& e) {
+  const auto& [plain, call, written, others] = e;
   const std::function<Args()> make = [plain, &bs] {
     Args a = plain();
     bs.set(a.block_mask);
@@ -501,23 +527,13 @@ void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, std::functi
 TEST(BadInput, BlockSparseForward) {
   Batched t;
   BlockSparse bs;
-  using F = Field<ForwardArgs>;
-  const F out{"out", &ForwardArgs::out, true, nullptr}, lse{"lse", &ForwardArgs::lse, false, nullptr};
-  block_sparse_suite<ForwardArgs>("forward (block mask)", t, bs, [&] { return t.forward_args(); },
-                                  [](const ForwardArgs& a) { forward(a); }, {out, lse},
-                                  {F{"q", &ForwardArgs::q, true, nullptr}, out, lse});
+  block_sparse_suite("forward (block mask)", t, bs, forward_call(t));
 }
 
 TEST(BadInput, BlockSparseBackward) {
   Batched t;
   BlockSparse bs;
-  forward(t.forward_args());  // a real lse for the backward
-  using F = Field<BackwardArgs>;
-  const F dq{"dq", &BackwardArgs::dq, true, nullptr}, dk{"dk", &BackwardArgs::dk, true, nullptr},
-      dv{"dv", &BackwardArgs::dv, true, nullptr};
-  block_sparse_suite<BackwardArgs>("backward (block mask)", t, bs, [&] { return t.backward_args(); },
-                                   [](const BackwardArgs& a) { backward(a); }, {dq, dk, dv},
-                                   {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv});
+  block_sparse_suite("backward (block mask)", t, bs, backward_call(t));
 }
 
 // Document ids and per-sequence prefix lengths on Batched's problem: each broken in every generic
@@ -533,8 +549,8 @@ struct VariantInputs {
 };
 
 template <class Args>
-void variant_suite(const char* fn, Batched& t, VariantInputs& vi, std::function<Args()> plain,
-                   std::function<void(const Args&)> call, std::vector<Field<Args>> written, std::vector<Field<Args>> others) {
+void variant_suite(const char* fn, Batched& t, VariantInputs& vi, const EntryCall<Args>& e) {
+  const auto& [plain, call, written, others] = e;
   using F = Field<Args>;
   const std::function<Args()> with_docs = [plain, &vi] {
     Args a = plain();
@@ -569,25 +585,13 @@ void variant_suite(const char* fn, Batched& t, VariantInputs& vi, std::function<
 TEST(BadInput, DocumentIdsAndPrefixLensForward) {
   Batched t;
   VariantInputs vi;
-  using F = Field<ForwardArgs>;
-  const F out{"out", &ForwardArgs::out, true, nullptr}, lse{"lse", &ForwardArgs::lse, false, nullptr};
-  variant_suite<ForwardArgs>("forward (variant inputs)", t, vi, [&] { return t.forward_args(); },
-                             [](const ForwardArgs& a) { forward(a); }, {out, lse},
-                             {F{"q", &ForwardArgs::q, true, nullptr}, out, lse});
+  variant_suite("forward (variant inputs)", t, vi, forward_call(t));
 }
 
 TEST(BadInput, DocumentIdsAndPrefixLensBackward) {
   Batched t;
   VariantInputs vi;
-  using F = Field<BackwardArgs>;
-  const F dq{"dq", &BackwardArgs::dq, true, nullptr}, dk{"dk", &BackwardArgs::dk, true, nullptr},
-      dv{"dv", &BackwardArgs::dv, true, nullptr};
-  // The backward's lse must be the forward's of each variant: the plain forward's is finite, which
-  // is all validation reads.
-  forward(t.forward_args());
-  variant_suite<BackwardArgs>("backward (variant inputs)", t, vi, [&] { return t.backward_args(); },
-                              [](const BackwardArgs& a) { backward(a); }, {dq, dk, dv},
-                              {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv});
+  variant_suite("backward (variant inputs)", t, vi, backward_call(t));
 }
 
 }  // namespace

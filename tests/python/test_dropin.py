@@ -190,6 +190,17 @@ MASKS = {
 }
 
 
+def _check_against_math(gen, q, k, v, mask, out):
+    """out and the gradients of tileattn's masked SDPA call against SDPA's math backend in float64."""
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = _sdpa_math(*ins, attn_mask=mask if mask.dtype == torch.bool else mask.double(), enable_gqa=True)
+    check_close(out, want, F32)
+    dout = randn(gen, out.shape, F32, "cpu")
+    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
+    for g, w in zip(got, torch.autograd.grad(want, ins, dout.double())):
+        check_close(g, w, F32)
+
+
 @pytest.mark.parametrize("kind", sorted(MASKS))
 def test_sdpa_key_padding_mask(gen, kind):
     b, hq, hk, sq, sk, d = 3, 4, 2, 7, 19, 32
@@ -200,13 +211,7 @@ def test_sdpa_key_padding_mask(gen, kind):
     mask = MASKS[kind](keep)
     out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, attn_mask=mask, enable_gqa=True)
     assert out.is_contiguous() and out.shape == (b, hq, sq, d)
-    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    want = _sdpa_math(*ins, attn_mask=mask if mask.dtype == torch.bool else mask.double(), enable_gqa=True)
-    check_close(out, want, F32)
-    dout = randn(gen, out.shape, F32, "cpu")
-    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
-    for g, w in zip(got, torch.autograd.grad(want, ins, dout.double())):
-        check_close(g, w, F32)
+    _check_against_math(gen, q, k, v, mask, out)
 
 
 GENERAL_MASKS = {
@@ -235,13 +240,7 @@ def test_sdpa_general_mask(gen, kind):
     seen = keep.expand(b, hq, sq, sk) if kind != "additive" else keep[:, :1].expand(b, hq, sq, sk)
     empty = ~seen.any(-1)  # [b, hq, sq]
     assert bool((out[empty] == 0).all())
-    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    want = _sdpa_math(*ins, attn_mask=mask if mask.dtype == torch.bool else mask.double(), enable_gqa=True)
-    check_close(out, want, F32)
-    dout = randn(gen, out.shape, F32, "cpu")
-    got = run("cpu", "backward", torch.autograd.grad, out, (q, k, v), dout)
-    for g, w in zip(got, torch.autograd.grad(want, ins, dout.double())):
-        check_close(g, w, F32)
+    _check_against_math(gen, q, k, v, mask, out)
 
 
 def test_sdpa_mask_refusals():
