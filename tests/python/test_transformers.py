@@ -180,11 +180,37 @@ def test_non_causal_module_attends_to_every_key(rng):
     assert (out.double() - want.transpose(1, 2)).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_4d_mask_runs_block_sparse(rng, kind):
+    """A caller's 4D mask (per batch and query row, here a causal mask with random holes, as
+    transformers builds them: 0 and the dtype's lowest value) against SDPA with the same mask in
+    float64, forward and backward, with grouped heads."""
+    b, hq, hk, sq, d = 2, 4, 2, 150, 16
+    q = torch.from_numpy(rng.standard_normal((b, hq, sq, d))).float().requires_grad_()
+    k, v = (torch.from_numpy(rng.standard_normal((b, hk, sq, d))).float().requires_grad_() for _ in range(2))
+    keep = torch.from_numpy(rng.random((b, 1, sq, sq)) < 0.7) & torch.ones(sq, sq, dtype=torch.bool).tril()
+    keep |= torch.eye(sq, dtype=torch.bool)  # every row sees a key
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+    with backend("cpu"):
+        out, _ = hf.attention_forward(SimpleNamespace(is_causal=True), q, k, v, mask, scaling=0.25)
+        g = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*ins, attn_mask=keep, scale=0.25, enable_gqa=True)
+    assert out.shape == (b, sq, hq, d)
+    assert (out.double() - want.transpose(1, 2)).abs().max().item() < 1e-4
+    for x, w in zip(g, torch.autograd.grad(want.transpose(1, 2), ins, torch.ones(b, sq, hq, d, dtype=torch.float64))):
+        assert (x.double() - w).abs().max().item() < 1e-4
+
+
 def test_refusals():
     q = torch.randn(1, 2, 8, 16)
     module = SimpleNamespace(is_causal=True)
-    with pytest.raises(ValueError, match=r"attention_mask of shape \(1, 1, 8, 8\) is a dense mask"):
-        hf.attention_forward(module, q, q, q, torch.zeros(1, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 8, 8\)"):
+        hf.attention_forward(module, q, q, q, torch.zeros(1, 8, 8))
+    with pytest.raises(ValueError, match="finite additive biases"):
+        hf.attention_forward(module, q, q, q, torch.full((1, 1, 8, 8), -2.0))
+    with pytest.raises(NotImplementedError, match="softcap"):
+        hf.attention_forward(module, q, q, q, torch.zeros(1, 1, 8, 8), softcap=30.0)
     with pytest.raises(NotImplementedError, match="s_aux"):
         hf.attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
     with pytest.raises(NotImplementedError, match="output_attentions"):

@@ -15,13 +15,16 @@ mask builder that never materializes a mask. The model then hands over None when
 or a 2D [batch, keys in use] padding mask when some are not (static caches included: their empty
 slots are cut off, see mask_builder); padded batches and packed sequences (given as
 cu_seq_lens_q/k or as restarting position_ids) run as variable-length batches. Grouped-query heads are
-read in place (no repeat of K and V). A dense 4D mask, attention sinks and position biases are
-refused: tileattn builds masks from structure, never from an N x N tensor.
+read in place (no repeat of K and V). A 4D mask that a caller builds itself ([batch or 1, heads or 1,
+seq_q, seq_k], boolean or additive with 0 and the dtype's lowest value, as transformers builds them)
+runs block-sparse through tileattn's SDPA, the mask read only in the blocks it cuts. Attention sinks,
+position biases and finite additive biases are refused.
 """
 
 import torch
 
 from .._flash_api import flash_attn_func, flash_attn_varlen_func
+from .._sdpa import scaled_dot_product_attention
 
 NAME = "tileattn"
 
@@ -50,12 +53,27 @@ def _packed_offsets(position_ids, batch, seq_q, seq_k):
     return torch.cat([starts.to(torch.int32), torch.tensor([seq_q], dtype=torch.int32, device=pos.device)])
 
 
-def _dense_mask_error(mask):
+def _mask_shape_error(mask):
     return ValueError(
-        f"tileattn attention: attention_mask of shape {tuple(mask.shape)} is a dense mask; tileattn builds "
-        "causal, sliding-window, padding and packed-sequence masks from structure and takes no N x N mask. "
-        "Load the model with attn_implementation='tileattn' after tileattn.integrations.transformers.register() "
-        "so the model passes a 2D padding mask or none, or use attn_implementation='sdpa' for arbitrary masks")
+        f"tileattn attention: attention_mask has shape {tuple(mask.shape)}; it takes a 2D padding mask "
+        "[batch, keys] or a 4D mask [batch or 1, heads or 1, seq_q, seq_k]")
+
+
+def _dense(query, key, value, mask, opts):
+    """A caller's 4D mask, which holds causality and any window itself: boolean, or additive with 0 where
+    visible and at most half the dtype's lowest value (-inf included) where not. Runs through tileattn's
+    SDPA, block-sparse with the mask in the blocks it cuts. Returns [batch, seq_q, heads_q, d]."""
+    if opts["softcap"]:
+        raise NotImplementedError("tileattn attention: softcap with a 4D attention_mask is not supported")
+    if mask.dtype != torch.bool:
+        visible = mask == 0
+        if not bool((visible | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+            raise ValueError("tileattn attention: the 4D attention_mask holds finite additive biases; it takes "
+                             "0 where visible and the dtype's lowest value (or -inf) where not")
+        mask = visible
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=opts["dropout_p"],
+                                       scale=opts["softmax_scale"], enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
@@ -76,8 +94,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                 window_size=_window(sliding_window, seq_k), softcap=float(softcap or 0.0))
 
     if attention_mask is not None:
+        if attention_mask.ndim == 4:
+            return _dense(query, key, value, attention_mask, opts), None
         if attention_mask.ndim != 2:
-            raise _dense_mask_error(attention_mask)
+            raise _mask_shape_error(attention_mask)
         used = attention_mask.shape[1]
         if used < seq_k:
             # A static cache's slots past the last token hold nothing yet (see mask_builder).
