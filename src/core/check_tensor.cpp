@@ -6,6 +6,23 @@
 #include "core/fail.hpp"
 
 namespace tileattn {
+namespace {
+
+const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
+
+}  // namespace
+
+void check_dtype(const char* fn, const char* name, const TensorView& t, DType want) {
+  if (t.dtype != want)
+    fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(want));
+}
+
+void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev,
+                       const char* ref_name) {
+  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
+    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but ", ref_name, " is on ",
+         device_str(dev), ":", dev.index);
+}
 
 void check_tensor(const char* fn, const char* name, const TensorView& t, int ndim, bool any_strides) {
   if (!t.present()) fail(fn, name, " is required but absent");

@@ -19,4 +19,10 @@ inline constexpr std::int64_t kMaxExtentBytes = std::int64_t{1} << 57;
 // elements, and a contiguous last dim unless any_strides. Throws tileattn::Error naming fn and name.
 void check_tensor(const char* fn, const char* name, const TensorView& t, int ndim, bool any_strides = false);
 
+void check_dtype(const char* fn, const char* name, const TensorView& t, DType want);
+
+// ref_name: the tensor whose device every other argument must share.
+void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev,
+                       const char* ref_name = "q");
+
 }  // namespace tileattn

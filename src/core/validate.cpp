@@ -24,8 +24,6 @@
 namespace tileattn {
 namespace {
 
-const char* device_str(const Device& d) { return d.type == DeviceType::cpu ? "cpu" : "cuda"; }
-
 // Optional views get the same check when present.
 void check_optional(const char* fn, const char* name, const TensorView& t, int ndim) {
   if (t.present()) check_tensor(fn, name, t, ndim);
@@ -46,22 +44,9 @@ void check_shape(const char* fn, const char* name, const TensorView& t,
   }
 }
 
-void check_dtype(const char* fn, const char* name, const TensorView& t, DType want) {
-  if (t.dtype != want)
-    fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(want));
-}
-
 void check_float_dtype(const char* fn, const char* name, const TensorView& t) {
   if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16)
     fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected f32, f16 or bf16");
-}
-
-// ref_name: the tensor whose device every other argument must share.
-void check_same_device(const char* fn, const char* name, const TensorView& t, const Device& dev,
-                       const char* ref_name = "q") {
-  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, name, " is on ", device_str(t.device), ":", t.device.index, " but ", ref_name, " is on ",
-         device_str(dev), ":", dev.index);
 }
 
 void check_head_dim(const char* fn, const char* name, std::int64_t d) {

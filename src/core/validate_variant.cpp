@@ -13,25 +13,20 @@
 namespace tileattn {
 namespace {
 
-// Rank, dtype and device of one of the mask's int32 tensors.
+// The view, dtype and device of one of the mask's int32 tensors.
 void check_int_tensor(const char* fn, const char* name, const TensorView& t, int ndim, const Device& dev) {
-  if (t.ndim != ndim) fail(fn, "block_mask.", name, " must have ", ndim, " dimensions, got shape ", shape_str(t));
-  if (t.dtype != DType::i32) fail(fn, "block_mask.", name, " has dtype ", dtype_name(t.dtype), ", expected i32");
-  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, "block_mask.", name, " is not on q's device");
-  for (int d = 0; d < ndim; ++d)
-    if (t.shape[d] < 0) fail(fn, "block_mask.", name, ".shape[", d, "] = ", t.shape[d], " is negative");
-  // Element count, null data and byte extent, in checked arithmetic.
-  check_tensor(fn, ("block_mask." + std::string(name)).c_str(), t, ndim, true);
+  const std::string full = "block_mask." + std::string(name);
+  check_tensor(fn, full.c_str(), t, ndim, true);
+  check_dtype(fn, full.c_str(), t, DType::i32);
+  check_same_device(fn, full.c_str(), t, dev);
 }
 
 // The dense element mask of the partial blocks: u8 [1 or batch, 1 or heads_q, rows, cols], any
 // strides, rows and cols the sequences' lengths (varlen: at least the longest).
 void check_dense_mask(const char* fn, const TensorView& t, const Device& dev, Problem& p) {
   check_tensor(fn, "block_mask.mask", t, 4, true);
-  if (t.dtype != DType::u8) fail(fn, "block_mask.mask has dtype ", dtype_name(t.dtype), ", expected u8 (bool)");
-  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, "block_mask.mask is not on q's device");
+  check_dtype(fn, "block_mask.mask", t, DType::u8);
+  check_same_device(fn, "block_mask.mask", t, dev);
   const std::int64_t B = t.shape[0], H = t.shape[1], rows = t.shape[2], cols = t.shape[3];
   const bool lengths_ok = p.varlen ? rows >= p.seqlen_q && cols >= p.seqlen_k : rows == p.seqlen_q && cols == p.seqlen_k;
   if ((B != 1 && B != p.batch) || (H != 1 && H != p.heads_q) || !lengths_ok) {
@@ -103,9 +98,8 @@ void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, co
   if (t.ndim != 1 || t.shape[0] != p.batch)
     fail(fn, "prefix_lens has shape ", shape_str(t), ", expected [", p.batch, "] (batch)");
   check_tensor(fn, "prefix_lens", t, 1, true);  // its stride's byte extent
-  if (t.dtype != DType::i32) fail(fn, "prefix_lens has dtype ", dtype_name(t.dtype), ", expected i32");
-  if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-    fail(fn, "prefix_lens is not on q's device");
+  check_dtype(fn, "prefix_lens", t, DType::i32);
+  check_same_device(fn, "prefix_lens", t, dev);
   check_prefix_mask(fn, "prefix_lens", o, p);
   p.prefix_per_seq = true;
   // Device-resident lengths cannot be read here; the backends that take them run on the host.
@@ -130,9 +124,8 @@ void check_documents(const char* fn, const TensorView& ids_q, const TensorView& 
       fail(fn, name, " has shape ", shape_str(t), ", expected [", rows, ", ", cols, "] (batch, seqlen)");
     }
     check_tensor(fn, name, t, ndim, true);  // the strides' byte extent
-    if (t.dtype != DType::i32) fail(fn, name, " has dtype ", dtype_name(t.dtype), ", expected i32");
-    if (t.device.type != dev.type || (dev.type == DeviceType::cuda && t.device.index != dev.index))
-      fail(fn, name, " is not on q's device");
+    check_dtype(fn, name, t, DType::i32);
+    check_same_device(fn, name, t, dev);
   };
   check("document_ids_q", ids_q, p.batch, p.varlen ? total_q : p.seqlen_q);
   check("document_ids_k", ids_k, p.batch, p.varlen ? total_k : p.seqlen_k);

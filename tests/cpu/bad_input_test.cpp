@@ -497,6 +497,14 @@ EntryCall<BackwardArgs> backward_call(Batched& t) {
           {F{"q", &BackwardArgs::q, true, nullptr}, dq, dk, dv}};
 }
 
+// Runs a suite's cases over Batched's buffers and the suite's own, and checks the counts.
+void run_suite(const char* fn, Batched& t, const std::vector<HostTensor*>& own, const std::vector<BadCase>& cases,
+               int at_least) {
+  std::vector<HostTensor*> buffers = t.buffers();
+  buffers.insert(buffers.end(), own.begin(), own.end());
+  expect_counts(fn, test::run_bad_cases(cases, buffers, &t.workspace), at_least);
+}
+
 template <class Args>
 void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, const EntryCall<Args>& e) {
   const auto& [plain, call, written, others] = e;
@@ -519,9 +527,7 @@ void block_sparse_suite(const char* fn, Batched& t, BlockSparse& bs, const Entry
   std::vector<Field<Args>> all = others;
   all.insert(all.end(), mask_fields.begin(), mask_fields.end());
   test::add_alias_cases(cases, fn, make, call, written, all);
-  std::vector<HostTensor*> buffers = t.buffers();
-  for (HostTensor* b : bs.buffers()) buffers.push_back(b);
-  expect_counts(fn, test::run_bad_cases(cases, buffers, &t.workspace), 150);
+  run_suite(fn, t, bs.buffers(), cases, 150);
 }
 
 TEST(BadInput, BlockSparseForward) {
@@ -577,9 +583,7 @@ void variant_suite(const char* fn, Batched& t, VariantInputs& vi, const EntryCal
   prefix_all.push_back(prefix);
   test::add_alias_cases(cases, fn, with_docs, call, written, docs_all);
   test::add_alias_cases(cases, fn, with_prefix, call, written, prefix_all);
-  std::vector<HostTensor*> buffers = t.buffers();
-  for (HostTensor* b : vi.buffers()) buffers.push_back(b);
-  expect_counts(fn, test::run_bad_cases(cases, buffers, &t.workspace), 100);
+  run_suite(fn, t, vi.buffers(), cases, 100);
 }
 
 TEST(BadInput, DocumentIdsAndPrefixLensForward) {

@@ -218,7 +218,7 @@ TEST(ValidateBlockMask, DenseMask) {
       {"on another device", [&](BlockMask& m, Options&) {
          m.mask = pr.mask.view();
          m.mask.device = Device{DeviceType::cuda, 0};
-       }, {"block_mask.mask is not on q's device"}},
+       }, {"block_mask.mask is on cuda:0 but q is on cpu"}},
       {"stride past the address space", [&](BlockMask& m, Options&) {
          m.mask = pr.mask.view();
          m.mask.stride[2] = std::int64_t{1} << 56;

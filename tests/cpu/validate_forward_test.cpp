@@ -149,7 +149,7 @@ TEST(ValidateForward, PrefixLm) {
       {"per sequence, dtype", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens_f32.view(); },
        {"prefix_lens has dtype f32, expected i32"}},
       {"per sequence, device", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.device = kCuda; },
-       {"prefix_lens is not on q's device"}},
+       {"prefix_lens is on cuda:0 but q is on cpu"}},
       {"per sequence, null", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = nullptr; },
        {"prefix_lens has 2 elements but a null data pointer"}},
       {"out over prefix_lens", [&](ForwardArgs& a) { causal(a, 0); a.prefix_lens = lens.view(); a.prefix_lens.data = a.lse.data; },
