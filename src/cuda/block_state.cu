@@ -44,7 +44,7 @@ BlockState shape_of(const Problem& p, const BlockMask& m) {
 }
 
 std::size_t cells(const BlockState& s) {
-  return std::size_t(s.batches) * s.heads * std::size_t(s.qblocks) * std::size_t(s.kblocks);
+  return std::size_t(s.batches) * s.heads * std::size_t(s.qblocks) * std::size_t(s.row_cells());
 }
 
 }  // namespace

@@ -31,6 +31,23 @@ namespace tileattn::cuda {
 
 using namespace cute;
 
+// A (query head, query tile) pair a key block visits, and how the tile is masked.
+struct BwdPair {
+  int h, m0;
+  TileMask mode;
+};
+
+// The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
+// landed / every consumer thread is done with it; a dQ staging buffer is written by every consumer
+// thread / read by the bulk reduction. Beside them, the pair each stage holds, which the loader
+// writes for the consumers (h < 0: the walk is over), so that they do not walk it themselves.
+struct BwdBarriersSm90 {
+  cutlass::arch::ClusterTransactionBarrier full[2];
+  cutlass::arch::ClusterBarrier empty[2], dq_full[2], dq_empty[2];
+  BwdPair pair[2];
+  BwdPair dq_pair[2];  // the pair whose dQ a staging buffer holds, for the writer (h < 0: no more)
+};
+
 // kHeadDim: Q's and K's head dim; kHeadDimV: V's and dO's (narrower for 192/128, which would
 // otherwise pay 192 columns in dP^T = V dO^T and dV).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kHeadDimV_ = kHeadDim_>
@@ -125,18 +142,11 @@ struct BwdTraitsSm90 {
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
   static constexpr int kOffsetBarriers = kOffsetDq + (kBulkDq ? 2 * kDqTile * int(sizeof(float)) : 0);
   // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
-  static constexpr int kSmemBytes = kOffsetBarriers + 8 * 8;
+  static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(BwdBarriersSm90));
   static_assert(kSmemBytes <= 227 * 1024);
   static_assert(!kBulkDq || kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
-// The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
-// landed / every consumer thread is done with it; a dQ staging buffer is written by every consumer
-// thread / read by the bulk reduction.
-struct BwdBarriersSm90 {
-  cutlass::arch::ClusterTransactionBarrier full[2];
-  cutlass::arch::ClusterBarrier empty[2], dq_full[2], dq_empty[2];
-};
 
 // Named barrier ids: the consumers together, then each consumer warpgroup alone.
 inline constexpr int kBwdBarrierConsumers = 0;
@@ -162,15 +172,14 @@ BwdTmaSm90<T> make_bwd_tma(const BwdParams& p, int batch) {
 }
 
 // The (head, query tile) pairs a key block visits, and how each is masked: the heads of its part of
-// the GQA group in turn, each head's query tiles from m_lo on. The loader warp, the dQ writer and the
-// consumers walk the same pairs. Without kVariant every tile of the rows' range is visited (causal
-// and window ranges have no gaps), and a tile is cut where the mask does not cover it or it runs
-// past the sequence's keys; with it, tile_mask decides, skipping what chunks, document ids or a
-// block mask leave out.
-struct BwdPair {
-  int h, m0;
-  TileMask mode;
-};
+// the GQA group in turn, each head's query tiles from m_lo on. Without kVariant every tile of the
+// rows' range is visited (causal and window ranges have no gaps), a tile is cut where the mask does
+// not cover it or it runs past the sequence's keys, and the loader warp, the consumers and the dQ
+// writer each walk the pairs themselves (handed over instead, the pairs spilled more of the
+// consumers' registers than the walk takes). With kVariant, tile_mask decides, skipping what chunks,
+// document ids or a block mask leave out; the loader warp alone walks, its lanes testing 32 pairs at
+// a time (one load latency per 32 skipped), and hands each pair to the consumers with its stage,
+// and they to the writer with its dQ.
 template <int kBlockM, int kBlockN, bool kVariant>
 struct BwdWalk {
   const FwdParams& f;
@@ -183,13 +192,31 @@ struct BwdWalk {
     const bool cut = !var.mask.block_full(m0, m1, n0, n0 + kBlockN) || n0 + kBlockN > sk;
     return cut ? TileMask::rules : TileMask::none;
   }
+  // The pair k tiles after x (x.m0 may be one tile before m_lo), the heads in turn.
+  __device__ BwdPair step(const BwdPair& x, int k) const {
+    const int per = m_end / kBlockM - m_lo;  // query tiles per head, > 0 where there is a pair
+    const int i = (x.h - h0) * per + x.m0 / kBlockM - m_lo + k;
+    return {h0 + i / per, (m_lo + i % per) * kBlockM, TileMask::skip};
+  }
+  // The first visited pair after x. With kVariant, every lane of the calling warp must call it.
   __device__ BwdPair after(BwdPair x) const {
-    for (;;) {
+    if constexpr (kVariant) {
+      if (h_end == h0) return {h_end, 0, TileMask::skip};
+      for (const int lane = threadIdx.x % 32;; x = step(x, 32)) {
+        BwdPair c = step(x, lane + 1);
+        const bool end = c.h >= h_end;
+        if (!end) c.mode = mode(c.h, c.m0);
+        const unsigned hit = __ballot_sync(0xffffffffu, end || c.mode != TileMask::skip);
+        if (hit != 0) {  // the first lane's pair: visited, or past the end
+          const int l = __ffs(hit) - 1;
+          return {__shfl_sync(0xffffffffu, c.h, l), __shfl_sync(0xffffffffu, c.m0, l),
+                  static_cast<TileMask>(__shfl_sync(0xffffffffu, int(c.mode), l))};
+        }
+      }
+    } else {  // its mode is found where it is used
       x.m0 += kBlockM;
       if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
-      if (x.h >= h_end) return x;
-      if constexpr (!kVariant) return x;  // its mode is found where it is used
-      if ((x.mode = mode(x.h, x.m0)) != TileMask::skip) return x;
+      return x;
     }
   }
   __device__ BwdPair first() const { return after({h0, (m_lo - 1) * kBlockM, TileMask::skip}); }
@@ -266,10 +293,17 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, stages)
   Tensor tdOs = cdo.partition_D(sdO);
   int t = 0;
-  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
+  for (BwdPair x = w.first();; x = w.after(x), ++t) {
     const int st = t & 1, h = x.h, m0 = x.m0;
     if (t >= 2) bars.empty[st].wait(((t >> 1) + 1) & 1);
+    if (w.done(x)) {  // the stage carries the end of the walk, and nothing else
+      if (lane == 0) bars.pair[st].h = -1;
+      asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
+      bars.full[st].arrive();
+      return;
+    }
     if (lane == 0) {
+      bars.pair[st] = x;
       Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, h, bt);
       Tensor mdO = tma.dout.get_tma_tensor(tma.do_shape)(_, _, h, bt);
       const auto tile = make_coord(m0 / kBlockM, _0{});
@@ -286,23 +320,33 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
       lse[r] = in ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row] : -INFINITY;
       lse[kBlockM + r] = in ? p.dsum[h * p.rows_total + s.row_base + m0 + r] : 0.f;
     }
+    asm volatile("" ::: "memory");
     bars.full[st].arrive();
   }
 }
 
-// The dQ writer thread: adds each staged query tile into the fp32 dQ rows with one bulk reduction
-// and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
+// The dQ writer thread: adds each staged query tile (its pair handed over by the consumers) into
+// the fp32 dQ rows with one bulk reduction and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
 // it once the addition has landed, while the next tile's runs.
-template <class T, bool kDeterministic, class W>
+template <class T, bool kDeterministic, bool kVariant, class W>
 __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
                                                   int n_block, const float* sdq, BwdBarriersSm90& bars) {
   constexpr int kBlockM = T::kBlockM;
   int* passing = nullptr;
-  int t = 0;
-  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
-    const int buf = t & 1, h = x.h, m0 = x.m0;
-    bars.dq_full[buf].wait((t >> 1) & 1);
+  BwdPair x = w.first();
+  for (int t = 0;; ++t) {
+    const int buf = t & 1;
+    if constexpr (kVariant) {
+      bars.dq_full[buf].wait((t >> 1) & 1);
+      asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
+      x = bars.dq_pair[buf];
+      if (x.h < 0) break;
+    } else {
+      if (w.done(x)) break;
+      bars.dq_full[buf].wait((t >> 1) & 1);
+    }
+    const int h = x.h, m0 = x.m0;
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
     if constexpr (kDeterministic) {
@@ -321,6 +365,7 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
     }
     bulk_wait_read<0>();
     bars.dq_empty[buf].arrive();
+    if constexpr (!kVariant) x = w.after(x);
   }
   bulk_wait<0>();
   if (kDeterministic && passing != nullptr) turn_pass(passing);
@@ -400,7 +445,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic>(p, s, b, w, n_block, sdq, bars);
+    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic, kVariant>(p, s, b, w, n_block, sdq, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -447,10 +492,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // K and V have landed
 
   int t = 0;
-  for (BwdPair x = w.first(); !w.done(x); x = w.after(x), ++t) {
-    const int st = t & 1, buf = t & 1, h = x.h, m0 = x.m0;
+  BwdPair x{};
+  if constexpr (!kVariant) x = w.first();
+  for (;; ++t) {
+    const int st = t & 1, buf = t & 1;
+    if constexpr (kVariant) {
+      bars.full[st].wait((t >> 1) & 1);
+      asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
+      x = bars.pair[st];
+      if (x.h < 0) break;
+    } else {
+      if (w.done(x)) break;
+      bars.full[st].wait((t >> 1) & 1);
+    }
+    const int h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
-    bars.full[st].wait((t >> 1) & 1);
     if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
 
     gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
@@ -502,11 +558,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         *reinterpret_cast<float2*>(d + row * kHeadDim + dq_column(dq_row0 + row, col)) =
             make_float2(acc_dq(i), acc_dq(i + 1));
       }
+      if (kVariant && tc == 0) bars.dq_pair[buf] = x;
       cutlass::arch::fence_view_async_shared();
       bars.dq_full[buf].arrive();
     } else {
       add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
     }
+    if constexpr (!kVariant) x = w.after(x);
+  }
+  if constexpr (T::kBulkDq && kVariant) {  // the writer's end of the walk
+    const int buf = t & 1;
+    if (t >= 2) bars.dq_empty[buf].wait(((t >> 1) + 1) & 1);
+    if (tc == 0) bars.dq_pair[buf].h = -1;
+    asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
+    bars.dq_full[buf].arrive();
   }
 
   // dK and dV through the K and V tiles' shared memory, once no product reads them.

@@ -108,11 +108,11 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   using H = typename BwdConfigSm90<E, kHeadDim>::type;
   if constexpr (!std::is_void_v<H>) {
     if (bwd_runs_sm90<kDtype, kHeadDim>(g)) {
-      // Variants take the modifiers' instantiation (one more kernel per head dim, not two): the
-      // score transform costs little beside what chunks, document ids and block masks cost.
+      // Variants with a plain score take the plain kernel's tiles and code: the modifiers' kernel
+      // spills, and at head dim 64 has half the rows per tile.
       using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
       using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
-      if (g.variant) return launch_bwd_sm90<HM, true, true>(p, g);
+      if (g.variant) return g.mods ? launch_bwd_sm90<HM, true, true>(p, g) : launch_bwd_sm90<H, false, true>(p, g);
       if constexpr (!std::is_void_v<HV>) {
         if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) return launch_bwd_sm90<HV, false, false>(p, g);
       }

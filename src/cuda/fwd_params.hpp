@@ -15,13 +15,16 @@ namespace tileattn::cuda {
 // 2 fully visible (no element mask), scattered from the caller's lists before the kernels run
 // (block_state.cu). Dims 0 and 1 of the mask may be 1 (shared by every sequence or head).
 struct BlockState {
-  const unsigned char* state;  // [batches][heads][qblocks][kblocks]; nullptr: no block mask
+  // [batches][heads][qblocks][row_cells]: rows padded with zeros to 16-byte multiples, so that a
+  // row is scanned 16 cells a load (last_visited_cell); nullptr: no block mask.
+  const unsigned char* state;
   int batches, heads, qblocks, kblocks, block_q, block_k;
 
+  TA_HD int row_cells() const { return (kblocks + 15) / 16 * 16; }
   // The cells of query block qb of (sequence b, query head h), one per key block.
   TA_HD const unsigned char* row(int b, int h, int qb) const {
     const std::int64_t mb = batches == 1 ? 0 : b, mh = heads == 1 ? 0 : h;
-    return state + ((mb * heads + mh) * qblocks + qb) * std::int64_t(kblocks);
+    return state + ((mb * heads + mh) * qblocks + qb) * std::int64_t(row_cells());
   }
 };
 

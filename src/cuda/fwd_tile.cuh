@@ -19,21 +19,41 @@ struct FwdTile {
   int m0, rows;          // the tile's first query row and how many of its rows exist (<= 0: none)
   int n_min, n_max;      // key tiles [n_min, n_max) hold every key a row of the tile sees
   Variant var;           // without ALiBi's slope; restricted<kVariant>
+  // The block mask's cells of the tile's query block, one per key block; nullptr: no block mask.
+  const unsigned char* cells;
 
   __device__ bool has_rows() const { return rows > 0; }
   // How the tile meets key tile n.
   template <int kBlockN, bool kVariant>
   __device__ __forceinline__ TileMask mask(const FwdParams& p, int n) const {
-    return tile_mask<kBlockN, kVariant>(p, var, b, h, m0, m0 + rows, n * kBlockN, sk);
+    const unsigned char cell = cells != nullptr ? cells[n * kBlockN / p.blocks.block_k] : kNoBlockMask;
+    return tile_mask_in<kBlockN, kVariant>(cell, var, m0, m0 + rows, n * kBlockN, sk);
   }
   // Whether the tile visits any key tile.
   template <int kBlockN, bool kVariant>
   __device__ __forceinline__ bool has_keys(const FwdParams& p) const {
     return next<kBlockN, kVariant>(p, n_max).n >= n_min;
   }
-  // The highest key tile below n the tile visits; n < n_min: none.
+  // The highest key tile below n the tile visits; n < n_min: none. Under a block mask the row's
+  // cells say where the next visited block is.
   template <int kBlockN, bool kVariant>
   __device__ __forceinline__ Visit next(const FwdParams& p, int n) const {
+    if constexpr (kVariant) {
+      if (cells != nullptr) {
+        const int bk = p.blocks.block_k;
+        for (int t = n - 1; t >= n_min; --t) {
+          const int c0 = t * kBlockN / bk;
+          if (cells[c0] == 0) {  // skip to the visited block below
+            const int c = last_visited_cell(cells, c0);
+            if (c < 0) break;
+            t = (c + 1) * bk / kBlockN - 1;  // its last tile
+          }
+          const TileMask m = mask<kBlockN, kVariant>(p, t);
+          if (m != TileMask::skip) return {t, m};
+        }
+        return {n_min - 1, TileMask::skip};
+      }
+    }
     return next_visited<kVariant>(n, n_min, [&](int t) { return mask<kBlockN, kVariant>(p, t); });
   }
 };
@@ -59,6 +79,7 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   if constexpr (kVariant) set_dense_mask(p, v, b, h);
   t.var = restricted<kVariant>(v);
   t.n_min = t.n_max = 0;
+  t.cells = nullptr;
   if (t.rows > 0) {
     // A block mask's fully visible blocks take no element mask: any key may be visible.
     const bool blocks = kVariant && p.blocks.state != nullptr;
@@ -66,6 +87,7 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
     const int key_hi = blocks ? t.sk : min(t.var.key_end(t.m0 + t.rows - 1), t.sk);
     t.n_min = key_lo / kBlockN;
     t.n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : t.n_min;
+    if (blocks) t.cells = p.blocks.row(b, h, t.m0 / p.blocks.block_q);
   }
   return t;
 }
