@@ -9,8 +9,10 @@ output; FLOPs of the backward are 2.5x the forward's.
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
 grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
-192 for Q/K with 128 for V (16 heads); "fp16" the mha rows at head dim 128 in fp16. Every section
-has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on. Grouped peers run with
+192 for Q/K with 128 for V (16 heads); "fp16" the mha rows at head dim 128 in fp16; "small"
+grouped-query rows at a fixed small batch instead of 16k tokens (batch 2 with 8 query heads on 2 KV
+heads at head dim 64, as a small Llama-style model trains; batch 1 with 32 on 8 at head dim 128).
+Every section has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on. Grouped peers run with
 enable_gqa=True; a peer that refuses it is timed on K and V expanded inside its graph (the record
 says "kv_expanded").
 
@@ -36,27 +38,29 @@ SEQLENS = (512, 2048, 8192, 16384)
 SETS = 3  # input sets rotated between calls so that L2 never holds a call's inputs
 
 
-SECTIONS = ("mha", "gqa", "dv", "fp16")
+SECTIONS = ("mha", "gqa", "dv", "fp16", "small")
 
 
 def grid(quick, sections, hdims=None):
     seqlens = (512, 2048) if quick else SEQLENS
-    shapes = []  # (dtype, heads_q, heads_kv, hdim, hdim_v)
+    shapes = []  # (dtype, heads_q, heads_kv, hdim, hdim_v, batch; None: 16k tokens a row)
     if "mha" in sections:
-        shapes += [("bf16", WIDTH // d, WIDTH // d, d, d) for d in HDIMS]
+        shapes += [("bf16", WIDTH // d, WIDTH // d, d, d, None) for d in HDIMS]
     if "gqa" in sections:
-        shapes += [("bf16", 32, kv, d, d) for d in (64, 128) for kv in (8, 4)]
+        shapes += [("bf16", 32, kv, d, d, None) for d in (64, 128) for kv in (8, 4)]
     if "dv" in sections:
-        shapes += [("bf16", 16, 16, 192, 128)]
+        shapes += [("bf16", 16, 16, 192, 128, None)]
     if "fp16" in sections:
-        shapes += [("f16", WIDTH // 128, WIDTH // 128, 128, 128)]
-    for dtype, hq, hkv, d, dv in shapes:
+        shapes += [("f16", WIDTH // 128, WIDTH // 128, 128, 128, None)]
+    if "small" in sections:
+        shapes += [("bf16", 8, 2, 64, 64, 2), ("bf16", 32, 8, 128, 128, 1)]
+    for dtype, hq, hkv, d, dv, batch in shapes:
         if hdims and d not in hdims:
             continue
         for s in seqlens:
             for causal in (False, True):
-                yield dict(dtype=dtype, batch=TOKENS // s, seqlen=s, heads=hq, heads_kv=hkv, hdim=d, hdim_v=dv,
-                           causal=causal)
+                yield dict(dtype=dtype, batch=batch or TOKENS // s, seqlen=s, heads=hq, heads_kv=hkv, hdim=d,
+                           hdim_v=dv, causal=causal)
 
 
 def flops(r, backward):

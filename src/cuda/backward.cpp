@@ -20,11 +20,13 @@ struct BwdInstance {
   int hdim;
   void (*launch)(const BwdParams&, const BwdGrid&);
   bool (*runs_sm90)(const BwdGrid&);
+  int (*key_tile_sm90)();
 };
 
 constexpr BwdInstance kInstances[] = {
-#define TA_INSTANCE(dtype, hdim) \
-  {DType::dtype, hdim, &launch_bwd<DType::dtype, hdim>, &bwd_runs_sm90<DType::dtype, hdim>},
+#define TA_INSTANCE(dtype, hdim)                                                               \
+  {DType::dtype, hdim, &launch_bwd<DType::dtype, hdim>, &bwd_runs_sm90<DType::dtype, hdim>, \
+   &bwd_sm90_key_tile<DType::dtype, hdim>},
 #include "instances.inc"
 #undef TA_INSTANCE
 };
@@ -58,16 +60,31 @@ std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.k.shape[0] : std::int64_t(p.batch) * p.seqlen_k;
 }
 
-// Groups of 8 or more heads under a mask (causal, window) from 2k query rows: the key blocks' work
-// is uneven and the group makes the longest blocks long, so the Hopper kernel splits each group
-// over two blocks, which add their dK, dV into fp32 rows. Measured 3-12% faster there; with groups
-// of 4 or at 512 rows the extra additions and conversion cost more than the shorter tail gains
-// (bench/notes/backward.md). Not in the deterministic mode, whose sums are ordered.
+// The Hopper kernel splits a GQA group over several blocks per key tile, which add their dK, dV
+// into fp32 rows (converted after), in two cases. Groups of 8 or more heads under a mask (causal,
+// window) from 2k query rows: the key blocks' work is uneven and the group makes the longest blocks
+// long, so two blocks each; measured 3-12% faster there, while with groups of 4 or at 512 rows the
+// extra additions and conversion cost more than the shorter tail gains (bench/notes/backward.md).
+// And grids under one wave of blocks (a small batch of short sequences with few KV heads, as in
+// training a small model): the fewest parts that fill the SMs, up to one head per block, since
+// idle SMs cost more than the additions. Not in the deterministic mode, whose sums are ordered.
 int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  if (!in || group < 2 || a.options.deterministic || !in->runs_sm90(grid(p, a, false))) return 1;
   const bool uneven = p.window_left >= 0 || p.window_right >= 0;
-  const bool split = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 && !a.options.deterministic;
-  return in && split && in->runs_sm90(grid(p, a, false)) ? 2 : 1;
+  int parts = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 ? 2 : 1;
+  const int tile = in->key_tile_sm90();
+  const std::int64_t blocks = std::int64_t((p.seqlen_k + tile - 1) / tile) * p.batch * p.heads_kv;
+  const int sms = device_sm_count();
+  if (blocks * parts < sms) {
+    parts = group;
+    for (int d = 2; d < group; ++d)
+      if (group % d == 0 && blocks * d >= sms) {
+        parts = d;
+        break;
+      }
+  }
+  return parts;
 }
 
 struct Scratch {

@@ -59,6 +59,15 @@ bool bwd_runs_sm90(const BwdGrid& g) {
   return false;
 }
 
+template <DType kDtype, int kHeadDim>
+int bwd_sm90_key_tile() {
+#ifdef TILEATTN_CUDA_SM90A
+  using H = typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  if constexpr (!std::is_void_v<H>) return H::kBlockN;
+#endif
+  return 0;
+}
+
 template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
                    const char* what) {

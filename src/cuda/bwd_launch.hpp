@@ -28,6 +28,10 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g);
 template <DType kDtype, int kHeadDim>
 bool bwd_runs_sm90(const BwdGrid& g);
 
+// The Hopper kernel's key tile (keys per block); 0 where it is not built.
+template <DType kDtype, int kHeadDim>
+int bwd_sm90_key_tile();
+
 // The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
 int backward_instance_hdim(DType dtype, int hdim);
 
