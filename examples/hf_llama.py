@@ -27,18 +27,15 @@ def build(config, implementation, state, device, dtype):
     return model.to(device).train()
 
 
-def timed_ms(step, device, repeats):
-    """Median wall time of step() in milliseconds, synchronized on CUDA, after one warm-up call."""
-    def once():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1e3
-    once()
-    return statistics.median(once() for _ in range(repeats))
+def step_ms(step, device):
+    """Wall time of one step() in milliseconds, synchronized on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
 
 
 def compare(models, ids, device, repeats):
@@ -47,16 +44,26 @@ def compare(models, ids, device, repeats):
     diff = (logits["tileattn"] - logits["sdpa"]).abs().max().item()
     print(f"logits max abs diff tileattn vs sdpa: {diff:.3e} (logits max abs {logits['sdpa'].abs().max().item():.2f})")
 
-    for name, model in models.items():
+    def training_step(model):
         def step():
             model.zero_grad(set_to_none=True)
             model(input_ids=ids, labels=ids).loss.backward()
-        try:
-            ms = timed_ms(step, device, repeats)
-        except Exception as e:  # a backend without a backward pass says so; the other model still runs
+        return step
+
+    steps, times = {}, {}
+    for name, model in models.items():
+        try:  # one warm-up call each; a backend without a backward pass says so, the other model still runs
+            step_ms(training_step(model), device)
+        except Exception as e:
             print(f"{name:>8}: forward+backward step skipped: {e}")
             continue
-        print(f"{name:>8}: forward+backward step {ms:8.2f} ms")
+        steps[name], times[name] = training_step(model), []
+    # The models take turns, so that neither gains from running second (warm caches, clocks).
+    for _ in range(repeats):
+        for name, step in steps.items():
+            times[name].append(step_ms(step, device))
+    for name, ms in times.items():
+        print(f"{name:>8}: forward+backward step {statistics.median(ms):8.2f} ms")
 
 
 def main():

@@ -7,6 +7,8 @@ costs one byte per element of its shape: B' x H' x seq_q x seq_k bytes, where B'
 the dimensions it does not vary over (stride-0 broadcasts are kept at size 1, never copied).
 """
 
+from . import _derived
+
 
 def compact(mask):
     """The mask with its batch and head dims cut to size 1 where they are broadcast (stride 0)."""
@@ -35,7 +37,11 @@ def expand(fn, mask, batch, heads, seq_q, seq_k):
 def block_lists(mask, block_q, block_k):
     """mask: bool [B, H, seq_q, seq_k] -> (kv_num_blocks, kv_indices, full_kv_num_blocks,
     full_kv_indices), int32 on the mask's device: per (B, H, query block) its partly and fully
-    visible key blocks."""
+    visible key blocks. Remembered while the mask (the tensor it views) is unchanged (_derived)."""
+    return _derived.derived(mask, ("block_lists", block_q, block_k), lambda: _block_lists(mask, block_q, block_k))
+
+
+def _block_lists(mask, block_q, block_k):
     import torch
     b, h, sq, sk = mask.shape
     nq, nk = -(-sq // block_q), -(-sk // block_k)

@@ -15,7 +15,7 @@ boolean mask. Any other boolean mask (per head, per query row) runs block-sparse
 key gives zeros, as SDPA's does. Finite biases are refused with an error that names attn_mask.
 """
 
-from . import _C, _checks, _dense_mask
+from . import _C, _checks, _dense_mask, _derived
 from ._arrays import is_torch
 from ._flash_api import _attend, _plain_torch
 
@@ -83,32 +83,24 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
     b, hq, sq, _ = query.shape
     sk = key.shape[-2]
     full = (b, hq, sq, sk)
+    # What the mask's values decide (its kind, the kept keys) is read once per mask (_derived): a mask
+    # passed to every layer would otherwise cost its reads and their synchronizations in each.
     mask = attn_mask
     if mask.dtype != torch.bool:  # on the mask's own shape: broadcasting first would materialize it whole
         if not mask.is_floating_point():
             raise _C.Error(f"tileattn.{_FN}: attn_mask has dtype {mask.dtype}, expected bool or a float dtype")
-        keep = mask == 0
-        if not bool((keep | (mask == float("-inf"))).all()):
-            raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
-                           "tileattn takes boolean masks and additive masks of 0 and -inf only")
-        mask = keep
+        mask = _derived.derived(mask, "sdpa_keep", lambda: _keep(attn_mask))
     try:
         mask = _dense_mask.compact(mask.expand(full))  # [b or 1, hq or 1, sq, sk]
     except RuntimeError:
         raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
                        f"to {full}") from None
-    same_rows = mask.stride(2) == 0 or bool((mask == mask[:, :, :1]).all())
-    if not (same_rows and bool((mask == mask[:, :1]).all())):
+    if not _derived.derived(mask, "sdpa_padding", lambda: _key_padding(mask)):
         return _block_sparse(query, key, value, mask, dropout_p, scale)
-    keys = mask[:, 0, 0, :].expand(b, sk)
     from . import _log
     _log.note("attn_mask: key-padding mask run as a variable-length batch")
-    # [b, h, s, d] -> packed [b * s, h, d] of the kept keys.
-    idx = keys.reshape(-1).nonzero().reshape(-1)
-    lens = keys.sum(1, dtype=torch.int32)
-    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    idx, cu_k, max_k = _derived.derived(mask, ("sdpa_keys", b), lambda: _kept_keys(mask, b, sk))
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=query.device)
-    max_k = int(lens.max()) if b else 0
 
     def packed(x, s):
         return x.transpose(1, 2).reshape(b * s, x.shape[1], x.shape[3])
@@ -116,6 +108,32 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
     out, _ = _attend(_FN, packed(query, sq), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
                      None, False, top_left=True)
     return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()
+
+
+def _keep(mask):
+    """An additive mask of 0 and -inf as a boolean one; finite nonzero values are refused."""
+    keep = mask == 0
+    if not bool((keep | (mask == float("-inf"))).all()):
+        raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
+                       "tileattn takes boolean masks and additive masks of 0 and -inf only")
+    return keep
+
+
+def _key_padding(mask):
+    """Whether a compact bool mask [b or 1, hq or 1, sq, sk] is the same for every head and query row."""
+    same_rows = mask.stride(2) == 0 or bool((mask == mask[:, :, :1]).all())
+    return same_rows and bool((mask == mask[:, :1]).all())
+
+
+def _kept_keys(mask, b, sk):
+    """A key-padding mask's kept keys as a packed batch: their indices among the b * sk keys, the
+    cumulative lengths and the longest."""
+    import torch
+    keys = mask[:, 0, 0, :].expand(b, sk)
+    idx = keys.reshape(-1).nonzero().reshape(-1)
+    lens = keys.sum(1, dtype=torch.int32)
+    cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    return idx, cu_k, int(lens.max()) if b else 0
 
 
 def _block_sparse(query, key, value, mask, dropout_p, scale):

@@ -243,6 +243,44 @@ def test_sdpa_general_mask(gen, kind):
     _check_against_math(gen, q, k, v, mask, out)
 
 
+def test_sdpa_mask_read_once_per_mask(gen, monkeypatch):
+    """A mask passed again (as to every layer) is not read again: its block lists, kind and kept keys come
+    from the first call; written in place, it is read anew and the result follows it; freed, its entries
+    go."""
+    import gc
+    from tileattn import _dense_mask, _derived, _sdpa
+    calls = {"lists": 0, "kind": 0, "keep": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    monkeypatch.setattr(_dense_mask, "_block_lists", counted("lists", _dense_mask._block_lists))
+    monkeypatch.setattr(_sdpa, "_key_padding", counted("kind", _sdpa._key_padding))
+    monkeypatch.setattr(_sdpa, "_keep", counted("keep", _sdpa._keep))
+    b, h, s, d = 2, 2, 150, 16
+    q, k, v = (randn(gen, (b, h, s, d), F32, "cpu") for _ in range(3))
+    keep = torch.rand((b, h, s, s), generator=gen) < 0.5
+    additive = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    entries = len(_derived._memo)
+    for mask in (keep, additive):
+        first = tileattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        again = tileattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert torch.equal(first, again)
+    assert calls == {"lists": 2, "kind": 2, "keep": 1}
+    keep[:, :, :, 100:] = False  # in place: the next call reads the mask again
+    out = tileattn.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert calls["lists"] == 3 and calls["kind"] == 3
+    check_close(out, _sdpa_math(q.double(), k.double(), v.double(), attn_mask=keep), F32)
+    additive[0, 0, 0, 0] = 1.5  # now a bias: refused, though the mask passed before
+    with pytest.raises(tileattn.Error, match="finite nonzero values"):
+        tileattn.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+    del keep, additive, mask
+    gc.collect()
+    assert len(_derived._memo) == entries
+
+
 def test_sdpa_mask_refusals():
     q = torch.zeros(1, 2, 4, 16)
     with pytest.raises(tileattn.Error, match="dropout_p = 0.5 with an attn_mask that differs between heads"):

@@ -202,6 +202,32 @@ def test_4d_mask_runs_block_sparse(rng, kind):
         assert (x.double() - w).abs().max().item() < 1e-4
 
 
+def test_4d_mask_read_once_for_every_layer(rng, monkeypatch):
+    """transformers passes one 4D mask to every layer: it is converted, checked and cut into blocks in the
+    first layer only, and the layers' outputs are those of separate masks."""
+    from tileattn import _dense_mask
+    calls = {"visible": 0, "lists": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    monkeypatch.setattr(hf, "_visible", counted("visible", hf._visible))
+    monkeypatch.setattr(_dense_mask, "_block_lists", counted("lists", _dense_mask._block_lists))
+    b, h, sq, d = 2, 2, 150, 16
+    keep = torch.from_numpy(rng.random((b, 1, sq, sq)) < 0.7) & torch.ones(sq, sq, dtype=torch.bool).tril()
+    mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+    layers = [[torch.from_numpy(rng.standard_normal((b, h, sq, d))).float() for _ in range(3)] for _ in range(3)]
+    with backend("cpu"):
+        outs = [hf.attention_forward(SimpleNamespace(is_causal=True), *x, mask, scaling=0.25)[0] for x in layers]
+        alone = [hf.attention_forward(SimpleNamespace(is_causal=True), *x, mask.clone(), scaling=0.25)[0]
+                 for x in layers]
+    assert calls == {"visible": 4, "lists": 4}  # the shared mask once, each clone once
+    for x, y in zip(outs, alone):
+        assert torch.equal(x, y)
+
+
 def test_refusals():
     q = torch.randn(1, 2, 8, 16)
     module = SimpleNamespace(is_causal=True)

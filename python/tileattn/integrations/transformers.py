@@ -23,6 +23,7 @@ position biases and finite additive biases are refused.
 
 import torch
 
+from .. import _derived
 from .._flash_api import flash_attn_func, flash_attn_varlen_func
 from .._sdpa import scaled_dot_product_attention
 
@@ -65,15 +66,20 @@ def _dense(query, key, value, mask, opts):
     SDPA, block-sparse with the mask in the blocks it cuts. Returns [batch, seq_q, heads_q, d]."""
     if opts["softcap"]:
         raise NotImplementedError("tileattn attention: softcap with a 4D attention_mask is not supported")
-    if mask.dtype != torch.bool:
-        visible = mask == 0
-        if not bool((visible | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
-            raise ValueError("tileattn attention: the 4D attention_mask holds finite additive biases; it takes "
-                             "0 where visible and the dtype's lowest value (or -inf) where not")
-        mask = visible
+    if mask.dtype != torch.bool:  # converted and checked once per mask: transformers passes one to every layer
+        mask = _derived.derived(mask, "hf_visible", lambda: _visible(mask))
     out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=opts["dropout_p"],
                                        scale=opts["softmax_scale"], enable_gqa=True)
     return out.transpose(1, 2)
+
+
+def _visible(mask):
+    """An additive mask (0 where visible, the dtype's lowest value or -inf where not) as a boolean one."""
+    visible = mask == 0
+    if not bool((visible | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+        raise ValueError("tileattn attention: the 4D attention_mask holds finite additive biases; it takes "
+                         "0 where visible and the dtype's lowest value (or -inf) where not")
+    return visible
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
