@@ -50,3 +50,20 @@ def rng():
     seed = int(os.environ.get("TILEATTN_TEST_SEED", secrets.randbits(63)))
     print(f"TILEATTN_TEST_SEED={seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """count_calls({name: (module, function name)}) replaces each function with one that counts its calls
+    and returns the counts, a dict by name (restored after the test)."""
+    def install(targets):
+        calls = dict.fromkeys(targets, 0)
+        for name, (module, attr) in targets.items():
+            fn = getattr(module, attr)
+
+            def counted(*a, name=name, fn=fn, **kw):
+                calls[name] += 1
+                return fn(*a, **kw)
+            monkeypatch.setattr(module, attr, counted)
+        return calls
+    return install

@@ -243,22 +243,14 @@ def test_sdpa_general_mask(gen, kind):
     _check_against_math(gen, q, k, v, mask, out)
 
 
-def test_sdpa_mask_read_once_per_mask(gen, monkeypatch):
+def test_sdpa_mask_read_once_per_mask(gen, count_calls):
     """A mask passed again (as to every layer) is not read again: its block lists, kind and kept keys come
     from the first call; written in place, it is read anew and the result follows it; freed, its entries
     go."""
     import gc
     from tileattn import _dense_mask, _derived, _sdpa
-    calls = {"lists": 0, "kind": 0, "keep": 0}
-
-    def counted(name, fn):
-        def wrapper(*a, **kw):
-            calls[name] += 1
-            return fn(*a, **kw)
-        return wrapper
-    monkeypatch.setattr(_dense_mask, "_block_lists", counted("lists", _dense_mask._block_lists))
-    monkeypatch.setattr(_sdpa, "_key_padding", counted("kind", _sdpa._key_padding))
-    monkeypatch.setattr(_sdpa, "_keep", counted("keep", _sdpa._keep))
+    calls = count_calls({"lists": (_dense_mask, "_block_lists"), "kind": (_sdpa, "_key_padding"),
+                         "keep": (_sdpa, "_keep")})
     b, h, s, d = 2, 2, 150, 16
     q, k, v = (randn(gen, (b, h, s, d), F32, "cpu") for _ in range(3))
     keep = torch.rand((b, h, s, s), generator=gen) < 0.5

@@ -202,19 +202,11 @@ def test_4d_mask_runs_block_sparse(rng, kind):
         assert (x.double() - w).abs().max().item() < 1e-4
 
 
-def test_4d_mask_read_once_for_every_layer(rng, monkeypatch):
+def test_4d_mask_read_once_for_every_layer(rng, count_calls):
     """transformers passes one 4D mask to every layer: it is converted, checked and cut into blocks in the
     first layer only, and the layers' outputs are those of separate masks."""
     from tileattn import _dense_mask
-    calls = {"visible": 0, "lists": 0}
-
-    def counted(name, fn):
-        def wrapper(*a, **kw):
-            calls[name] += 1
-            return fn(*a, **kw)
-        return wrapper
-    monkeypatch.setattr(hf, "_visible", counted("visible", hf._visible))
-    monkeypatch.setattr(_dense_mask, "_block_lists", counted("lists", _dense_mask._block_lists))
+    calls = count_calls({"visible": (hf, "_visible"), "lists": (_dense_mask, "_block_lists")})
     b, h, sq, d = 2, 2, 150, 16
     keep = torch.from_numpy(rng.random((b, 1, sq, sq)) < 0.7) & torch.ones(sq, sq, dtype=torch.bool).tril()
     mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
