@@ -72,9 +72,8 @@ template <class Kernel>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const BwdParams& p,
                    const char* what) {
   if (grid.x == 0) return;  // no rows on this side (seqlen 0): nothing to write
-  if (smem > 48 * 1024)
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-          "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), smem,
+                   "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   kernel<<<grid, threads, smem, stream>>>(p);
   check_launch(what);
 }
@@ -103,8 +102,8 @@ void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   if constexpr (H::kBulkDq && !kVariant) {
     if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
   }
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, H::kSmemBytes),
-        "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
+                   "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
   kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
   check_launch("launching the backward kernel");

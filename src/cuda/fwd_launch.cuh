@@ -57,9 +57,8 @@ inline void throw_on(cudaError_t e, const char* what) {
 
 template <class T, class Kernel>
 void launch_kernel(Kernel kernel, const FwdParams& p, const FwdGrid& g) {
-  if (T::kSmemBytes > 48 * 1024)
-    throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
-             "raising the kernel's shared-memory limit");
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), T::kSmemBytes,
+                   "cudaFuncSetAttribute (raising the forward kernel's shared-memory limit)");
   const dim3 grid((g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, g.batch, g.heads_q);
   kernel<<<grid, T::kThreads, T::kSmemBytes, g.stream>>>(p);
   throw_on(cudaGetLastError(), "launching the forward kernel");
@@ -85,8 +84,8 @@ void launch_portable(const FwdParams& p, const FwdGrid& g) {
 template <class T, bool kMods, bool kVariant>
 void launch_sm90_as(const FwdParams& p, const FwdGrid& g) {
   auto kernel = fwd_kernel_sm90<T, kMods, kVariant>;
-  throw_on(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
-           "raising the kernel's shared-memory limit");
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), T::kSmemBytes,
+                   "cudaFuncSetAttribute (raising the forward kernel's shared-memory limit)");
   const FwdTmaSm90<T> tma = make_fwd_tma<T>(p, g.batch);
   const int m_blocks = (g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
   const TileScheduler sched{m_blocks, g.heads_q, m_blocks * g.batch * g.heads_q, g.tile_counter};

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backends.hpp"
@@ -75,6 +77,19 @@ bool device_has_dependent_launch() { return device_info().major >= 9; }
 bool device_runs_sm90a() {
   static const bool portable = std::getenv("TILEATTN_CUDA_PORTABLE") != nullptr;
   return device_info().major == 9 && !portable;
+}
+
+void raise_smem_limit(const void* kernel, int bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex m;
+  static std::map<std::pair<const void*, int>, int> raised;  // (kernel, device) -> limit set
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> g(m);
+  int& limit = raised[{kernel, dev}];
+  if (limit >= bytes) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  limit = bytes;
 }
 
 DeviceGuard::DeviceGuard(int index) {

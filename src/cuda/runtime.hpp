@@ -24,6 +24,11 @@ bool device_has_dependent_launch();
 // environment variable TILEATTN_CUDA_PORTABLE is unset (set, it selects the portable sm_80 kernels,
 // so that they can be tested and compared on a Hopper machine).
 bool device_runs_sm90a();
+// Raises `kernel`'s dynamic shared-memory limit on the current device to `bytes` (needed past
+// 48 KB). The limit belongs to the kernel on its device, so the driver is asked once per (kernel,
+// device) and later calls only look it up: asked on every launch, it cost a driver call per launch
+// in the host time of small calls.
+void raise_smem_limit(const void* kernel, int bytes, const char* what);
 
 // Makes `index` the current device for the scope of a call.
 class DeviceGuard {

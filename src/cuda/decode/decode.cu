@@ -39,10 +39,10 @@ struct Kernel {
   int per_sm = 0;  // resident blocks per SM
 };
 
-// Once per kernel and process: its shared-memory limit and occupancy.
+// Once per kernel and process: its occupancy (the same on every device of one architecture).
 Kernel configure(Kernel k) {
-  check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)),
-        "cudaFuncSetAttribute (decode shared memory)");
+  raise_smem_limit(reinterpret_cast<const void*>(k.fn), static_cast<int>(k.smem),
+                   "cudaFuncSetAttribute (decode shared memory)");
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.fn, k.threads, k.smem), "decode occupancy");
   k.per_sm = std::max(k.per_sm, 1);
   return k;
@@ -155,6 +155,8 @@ Layout layout(const Problem& p, const Options& o) {
 // (graph replay), the two launches' latency behind the call before. A single launch (no split)
 // gained nothing that way: 16x8k ran 0.5% slower as a dependent launch.
 void launch_split(const Kernel& k, dim3 grid, const Params& prm, const Layout& w, cudaStream_t s) {
+  raise_smem_limit(reinterpret_cast<const void*>(k.fn), static_cast<int>(k.smem),
+                   "cudaFuncSetAttribute (decode shared memory)");  // on this device
   if (w.splits > 1) return launch_after_clearing(prm.group_state, w.groups, true, k.fn, grid, dim3(k.threads), k.smem, s, prm);
   k.fn<<<grid, k.threads, k.smem, s>>>(prm);
   check_launch("decode split-kv launch");
