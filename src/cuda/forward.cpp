@@ -1,6 +1,8 @@
 // The cuda backend's forward entry point: resolves kernel arguments from the validated problem,
 // picks the smallest instantiated head dim that holds both head dims of the call, and provides the
 // Hopper kernel's tile counter where it needs one.
+#include <cstdint>
+
 #include <cuda_runtime.h>
 
 #include "core/backends.hpp"
@@ -41,10 +43,16 @@ int forward_instance_hdim(DType dtype, int hdim) {
 }
 
 // Masks and varlen make some work tiles cheaper than others: the Hopper kernel then has its blocks
-// claim tiles from a counter in the call's scratch (tile_scheduler.cuh).
+// claim tiles from a counter in the call's scratch (tile_scheduler.cuh). Not where every tile has a
+// block of its own (one wave, counted with the kernels' smallest query tile, 128 rows): nothing is
+// left to claim there, and a small call then allocates no scratch and launches no clearing kernel,
+// which its host time would feel.
 bool claims_tiles(const Problem& pr) {
-  return device_runs_sm90a() && (pr.varlen || pr.window_left >= 0 || pr.window_right >= 0 || pr.chunk > 0 ||
-                                 pr.documents || pr.block_sparse());
+  if (!device_runs_sm90a() || !(pr.varlen || pr.window_left >= 0 || pr.window_right >= 0 || pr.chunk > 0 ||
+                                pr.documents || pr.block_sparse()))
+    return false;
+  const std::int64_t tiles = (std::int64_t{pr.seqlen_q} + 127) / 128 * pr.batch * pr.heads_q;
+  return tiles > device_sm_count();
 }
 
 // The call's scratch: the tile counter (where claimed), then the block mask's cells.
