@@ -48,6 +48,11 @@ struct Options {
   // counts and indices. Turn off inside CUDA graph capture and hot loops; the kernels then clamp
   // out-of-range values rather than read outside the cache, and ignore out-of-range block entries.
   bool check_device_indices = true;
+  // cuda backend: ask the driver where each tensor lies (a pointer query per tensor) and report one
+  // that is not in its view's device's memory. A caller whose tensors' devices are certain (PyTorch
+  // tensors: the Python package turns it off for them) may skip the queries' host time; a pointer
+  // that lies about its device then faults in the kernel instead.
+  bool check_residence = true;
   void* stream = nullptr;                     // cudaStream_t for the cuda backend; nullptr = default stream
   void* workspace = nullptr;                  // optional caller-owned scratch (see workspace_size)
   std::size_t workspace_bytes = 0;

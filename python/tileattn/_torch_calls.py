@@ -47,6 +47,9 @@ def options(like, scale, causal, top_left, window_left, window_right, softcap, d
     if chunk_size or prefix_len:
         o.chunk_size = chunk_size
         o.prefix_len = prefix_len
+    # A torch tensor's device is torch's own record of where its memory is: the native call's pointer
+    # query per tensor would only confirm it.
+    o.check_residence = False
     if seed == 0 and offset == 0:
         if len(_options) > 1024:  # bounded: option values come from a program, but streams can be many
             _options.clear()

@@ -18,9 +18,10 @@ namespace tileattn::cuda {
 namespace {
 
 // Both checks run on every tensor of every call: the message (a stream, whose construction costs
-// about as much as the pointer query) is built only for a tensor that fails.
-std::string where_is(const char* name, const TensorView& t) {
-  if (!t.present() || t.numel() == 0) return {};
+// about as much as the pointer query) is built only for a tensor that fails. check: the call's
+// Options::check_residence.
+std::string where_is(const char* name, const TensorView& t, bool check) {
+  if (!check || !t.present() || t.numel() == 0) return {};
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, t.data);
   if (e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
@@ -59,7 +60,7 @@ std::string vector_aligned(const char* name, const TensorView& t) {
 }
 
 // Dtype, a kernel for the head dim, residence and 16-byte alignment of every tensor.
-std::string check_attention(const Problem& p, const char* what, int instance_hdim,
+std::string check_attention(const Problem& p, const char* what, int instance_hdim, bool check_residence,
                             std::initializer_list<std::pair<const char*, const TensorView*>> all) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend supports f16 and bf16";
@@ -70,7 +71,7 @@ std::string check_attention(const Problem& p, const char* what, int instance_hdi
     return os.str();
   }
   for (const auto& [name, t] : all)
-    if (auto m = where_is(name, *t); !m.empty()) return m;
+    if (auto m = where_is(name, *t, check_residence); !m.empty()) return m;
   for (const auto& [name, t] : all)
     if (t->dtype != DType::f32 && t->dtype != DType::i32)
       if (auto m = vector_aligned(name, *t); !m.empty()) return m;
@@ -79,13 +80,14 @@ std::string check_attention(const Problem& p, const char* what, int instance_hdi
 
 // The variant's tensors (document ids, the block mask and its dense mask) in this device's memory,
 // and block sizes the kernels' tiles divide: every kernel tile then meets one cell of the mask.
-std::string check_variant(const Problem& p, const TensorView& doc_q, const TensorView& doc_k, const BlockMask& m) {
+std::string check_variant(const Problem& p, const TensorView& doc_q, const TensorView& doc_k, const BlockMask& m,
+                          bool check_residence) {
   const std::pair<const char*, const TensorView*> all[] = {
       {"document_ids_q", &doc_q}, {"document_ids_k", &doc_k}, {"block_mask.kv_num_blocks", &m.kv_num_blocks},
       {"block_mask.kv_indices", &m.kv_indices}, {"block_mask.full_kv_num_blocks", &m.full_kv_num_blocks},
       {"block_mask.full_kv_indices", &m.full_kv_indices}, {"block_mask.mask", &m.mask}};
   for (const auto& [name, t] : all)
-    if (auto msg = where_is(name, *t); !msg.empty()) return msg;
+    if (auto msg = where_is(name, *t, check_residence); !msg.empty()) return msg;
   if (p.block_sparse() && (p.block_q % kBlockMaskTile != 0 || p.block_k % kBlockMaskTile != 0)) {
     std::ostringstream os;
     os << "block_mask.block_q = " << p.block_q << ", block_mask.block_k = " << p.block_k
@@ -100,19 +102,21 @@ std::string check_variant(const Problem& p, const TensorView& doc_q, const Tenso
 std::string check_forward(const Problem& p, const ForwardArgs& a) {
   std::string why =
       check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                      a.options.check_residence,
                       {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
                        {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
                        {"alibi_slopes", &a.alibi_slopes}});
-  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask) : why;
+  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask, a.options.check_residence) : why;
 }
 
 std::string check_backward(const Problem& p, const BackwardArgs& a) {
   std::string why =
       check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+                      a.options.check_residence,
                       {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
                        {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"cu_seqlens_q", &a.cu_seqlens_q},
                        {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}});
-  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask) : why;
+  return why.empty() ? check_variant(p, a.document_ids_q, a.document_ids_k, a.block_mask, a.options.check_residence) : why;
 }
 
 std::string check_decode(const Problem& p, const DecodeArgs& a) {
@@ -123,7 +127,7 @@ std::string check_decode(const Problem& p, const DecodeArgs& a) {
       {"cache_seqlens", &a.cache_seqlens}, {"k_new", &a.k_new}, {"v_new", &a.v_new}, {"rotary_cos", &a.rotary_cos},
       {"rotary_sin", &a.rotary_sin}, {"out", &a.out}, {"lse", &a.lse}, {"alibi_slopes", &a.alibi_slopes}};
   for (const auto& [name, t] : all)
-    if (auto m = where_is(name, *t); !m.empty()) return m;
+    if (auto m = where_is(name, *t, a.options.check_residence); !m.empty()) return m;
   // The kernels read q and the caches 16 bytes at a time; the rest element by element.
   for (const auto& [name, t] : {std::pair{"q", &a.q}, std::pair{"k_cache", &a.k_cache}, std::pair{"v_cache", &a.v_cache}})
     if (auto m = vector_aligned(name, *t); !m.empty()) return m;
@@ -134,7 +138,7 @@ std::string check_combine(const Problem&, const CombineArgs& a) {
   const std::pair<const char*, const TensorView*> all[] = {
       {"out_partial", &a.out_partial}, {"lse_partial", &a.lse_partial}, {"out", &a.out}, {"lse", &a.lse}};
   for (const auto& [name, t] : all)
-    if (auto m = where_is(name, *t); !m.empty()) return m;
+    if (auto m = where_is(name, *t, a.options.check_residence); !m.empty()) return m;
   return {};
 }
 
