@@ -145,4 +145,17 @@ __device__ __forceinline__ auto convert(const Tensor<Engine, Layout>& t) {
   return out;
 }
 
+// The same conversion written into `to`, a register tensor of the same layout that must keep its
+// registers (an operand of a product in flight). The packed pairs the conversion makes land as
+// whole 32-bit registers; a copy of convert()'s result moved 16-bit elements one at a time, two
+// integer ops each in the forward's softmax.
+template <class FromEngine, class ToEngine, class Layout>
+__device__ __forceinline__ void convert_into(const Tensor<FromEngine, Layout>& from, Tensor<ToEngine, Layout>& to) {
+  using From = typename FromEngine::value_type;
+  using To = typename ToEngine::value_type;
+  constexpr int N = decltype(size(from))::value;
+  cutlass::NumericArrayConverter<To, From, N> conv;
+  *reinterpret_cast<cutlass::Array<To, N>*>(to.data()) = conv(*reinterpret_cast<const cutlass::Array<From, N>*>(from.data()));
+}
+
 }  // namespace tileattn::cuda

@@ -288,7 +288,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     pv.consumer_release(sv);
     warpgroup_fence_operand(rP);  // P[t]'s registers are free only now
     if (grow) softmax.rescale(acc_o_rc, corr);
-    copy(convert<Element>(acc_s), rP);
+    convert_into(acc_s, rP);
   }
   bars.q_empty.arrive();  // the last S product has completed
   pv.consumer_wait(st);

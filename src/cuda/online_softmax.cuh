@@ -54,15 +54,27 @@ struct OnlineSoftmax {
   // The first half of update: moves the running max for the scores s (rescaling the sums) and
   // returns whether it moved, with the factor the outputs must take in corr. A kernel whose output
   // product is still in flight applies rescale once it lands.
+  // A row's max and sum over this thread's columns as kChains independent chains, merged at the
+  // end: one chain of dependent max (or add) instructions per row made the softmax wait on their
+  // latency, 32 in a row at 128 columns.
+  static constexpr int kChains = 4;
+
   template <class S>
   __device__ __forceinline__ bool move_max(const S& s, float scale_log2, float (&corr)[kRows]) {
+    constexpr int kCols = decltype(size<1>(s))::value;
+    constexpr int kC = kCols % kChains == 0 ? kChains : 1;
     float mx[kRows];
     bool grow = false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
+      float part[kC];
+      CUTE_UNROLL
+      for (int c = 0; c < kC; ++c) part[c] = s(i, c);
+      CUTE_UNROLL
+      for (int j = kC; j < kCols; ++j) part[j % kC] = fmaxf(part[j % kC], s(i, j));
       mx[i] = m[i];
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) mx[i] = fmaxf(mx[i], s(i, j));
+      for (int c = 0; c < kC; ++c) mx[i] = fmaxf(mx[i], part[c]);
       mx[i] = quad_max(mx[i]);
       // No NaN: -inf > -inf + slack is false, finite > -inf is true.
       grow |= mx[i] * scale_log2 > m[i] * scale_log2 + kSlackLog2;
@@ -92,14 +104,17 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void exponentiate(S& s, float scale_log2) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
+      constexpr int kCols = decltype(size<1>(s))::value;
+      constexpr int kC = kCols % kChains == 0 ? kChains : 1;
       const float base = (m[i] == -INFINITY ? 0.f : m[i]) * scale_log2;
-      float sum = 0.f;
+      float part[kC] = {};
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) {
+      for (int j = 0; j < kCols; ++j) {
         s(i, j) = exp2f(s(i, j) * scale_log2 - base);
-        sum += s(i, j);
+        part[j % kC] += s(i, j);
       }
-      l[i] += sum;  // this thread's columns only; the quad's sum is formed once at the end
+      CUTE_UNROLL
+      for (int c = 0; c < kC; ++c) l[i] += part[c];  // this thread's columns; the quad's sum comes at the end
     }
   }
 
