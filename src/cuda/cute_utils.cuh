@@ -133,22 +133,10 @@ __device__ __forceinline__ constexpr auto acc_as_a(const L& acc) {
   }
 }
 
-// A register tensor of another element type with the same layout.
-template <class To, class Engine, class Layout>
-__device__ __forceinline__ auto convert(const Tensor<Engine, Layout>& t) {
-  using From = typename Engine::value_type;
-  constexpr int N = decltype(size(t))::value;
-  Tensor out = make_tensor<To>(t.layout());
-  cutlass::NumericArrayConverter<To, From, N> conv;
-  *reinterpret_cast<cutlass::Array<To, N>*>(out.data()) =
-      conv(*reinterpret_cast<const cutlass::Array<From, N>*>(t.data()));
-  return out;
-}
-
-// The same conversion written into `to`, a register tensor of the same layout that must keep its
-// registers (an operand of a product in flight). The packed pairs the conversion makes land as
-// whole 32-bit registers; a copy of convert()'s result moved 16-bit elements one at a time, two
-// integer ops each in the forward's softmax.
+// `from` converted into `to`, a register tensor of the same layout and another element type. The
+// packed pairs the conversion makes land as whole 32-bit registers: where `to` must keep its
+// registers (an operand of a product in flight), a copy of convert()'s result instead moved 16-bit
+// elements one at a time, two integer ops each in the forward's softmax.
 template <class FromEngine, class ToEngine, class Layout>
 __device__ __forceinline__ void convert_into(const Tensor<FromEngine, Layout>& from, Tensor<ToEngine, Layout>& to) {
   using From = typename FromEngine::value_type;
@@ -156,6 +144,14 @@ __device__ __forceinline__ void convert_into(const Tensor<FromEngine, Layout>& f
   constexpr int N = decltype(size(from))::value;
   cutlass::NumericArrayConverter<To, From, N> conv;
   *reinterpret_cast<cutlass::Array<To, N>*>(to.data()) = conv(*reinterpret_cast<const cutlass::Array<From, N>*>(from.data()));
+}
+
+// A register tensor of another element type with the same layout.
+template <class To, class Engine, class Layout>
+__device__ __forceinline__ auto convert(const Tensor<Engine, Layout>& t) {
+  Tensor out = make_tensor<To>(t.layout());
+  convert_into(t, out);
+  return out;
 }
 
 }  // namespace tileattn::cuda

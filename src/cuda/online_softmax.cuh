@@ -51,14 +51,14 @@ struct OnlineSoftmax {
     exponentiate(s, scale_log2);
   }
 
-  // The first half of update: moves the running max for the scores s (rescaling the sums) and
-  // returns whether it moved, with the factor the outputs must take in corr. A kernel whose output
-  // product is still in flight applies rescale once it lands.
   // A row's max and sum over this thread's columns as kChains independent chains, merged at the
   // end: one chain of dependent max (or add) instructions per row made the softmax wait on their
   // latency, 32 in a row at 128 columns.
   static constexpr int kChains = 4;
 
+  // The first half of update: moves the running max for the scores s (rescaling the sums) and
+  // returns whether it moved, with the factor the outputs must take in corr. A kernel whose output
+  // product is still in flight applies rescale once it lands.
   template <class S>
   __device__ __forceinline__ bool move_max(const S& s, float scale_log2, float (&corr)[kRows]) {
     constexpr int kCols = decltype(size<1>(s))::value;
