@@ -325,6 +325,24 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   }
 }
 
+// Step t's pair, taken behind the wait on its stage's barrier `full`: the one published beside the
+// barrier (kVariant: the loader alone walks the pairs; h < 0 ends the walk), or else x itself, the
+// walk w that the caller follows. False once the walk has ended.
+template <bool kVariant, class W>
+__device__ __forceinline__ bool take_pair(cutlass::arch::ClusterBarrier& full, const BwdPair& published, const W& w,
+                                          BwdPair& x, int t) {
+  if constexpr (kVariant) {
+    full.wait((t >> 1) & 1);
+    asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
+    x = published;
+    return x.h >= 0;
+  } else {
+    if (w.done(x)) return false;
+    full.wait((t >> 1) & 1);
+    return true;
+  }
+}
+
 // The dQ writer thread: adds each staged query tile (its pair handed over by the consumers) into
 // the fp32 dQ rows with one bulk reduction and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
@@ -337,15 +355,7 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   BwdPair x = w.first();
   for (int t = 0;; ++t) {
     const int buf = t & 1;
-    if constexpr (kVariant) {
-      bars.dq_full[buf].wait((t >> 1) & 1);
-      asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
-      x = bars.dq_pair[buf];
-      if (x.h < 0) break;
-    } else {
-      if (w.done(x)) break;
-      bars.dq_full[buf].wait((t >> 1) & 1);
-    }
+    if (!take_pair<kVariant>(bars.dq_full[buf], bars.dq_pair[buf], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
@@ -496,15 +506,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (!kVariant) x = w.first();
   for (;; ++t) {
     const int st = t & 1, buf = t & 1;
-    if constexpr (kVariant) {
-      bars.full[st].wait((t >> 1) & 1);
-      asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
-      x = bars.pair[st];
-      if (x.h < 0) break;
-    } else {
-      if (w.done(x)) break;
-      bars.full[st].wait((t >> 1) & 1);
-    }
+    if (!take_pair<kVariant>(bars.full[st], bars.pair[st], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
     if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
