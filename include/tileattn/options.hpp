@@ -37,6 +37,11 @@ struct Options {
   // 0 = off (plain causal). CPU backends only for now.
   int prefix_len = 0;
   float softcap = 0.f;                        // > 0: score = softcap * tanh(score / softcap)
+  // ALiBi's distance for query row i and key j of a sequence: |i + alibi_diagonal - j|. Unset: the
+  // causal diagonal's offset (seqlen_k - seqlen_q bottom-right, 0 top-left), flash-attn's rule. Set
+  // it where the call's rows and keys are a block of a longer sequence (context parallelism):
+  // the query block's first position minus the key block's. Forward and backward only.
+  std::optional<int> alibi_diagonal;
   float dropout_p = 0.f;                      // probability of dropping; kept values scaled by 1/(1-p)
   std::uint64_t seed = 0;                     // dropout: Philox key
   std::uint64_t offset = 0;                   // dropout: Philox counter offset

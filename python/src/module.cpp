@@ -302,6 +302,7 @@ void bind_options(nb::module_& m) {
       .def_rw("num_splits", &Options::num_splits)
       .def_rw("check_device_indices", &Options::check_device_indices)
       .def_rw("check_residence", &Options::check_residence)
+      .def_rw("alibi_diagonal", &Options::alibi_diagonal)
       .def_rw("chunk_size", &Options::chunk_size)
       .def_rw("prefix_len", &Options::prefix_len)
       .def_prop_rw(

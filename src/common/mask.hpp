@@ -12,10 +12,18 @@ struct Mask {
   int diag_offset = 0;  // seqlen_k - seqlen_q (bottom_right) or 0 (top_left)
   int left = -1;        // window left; -1 = unbounded
   int right = -1;       // window right (causal => 0); -1 = unbounded
+  int alibi_diag = 0;   // ALiBi's distance is |i + alibi_diag - j|: diag_offset unless the call sets it
 
   Mask() = default;
   TA_HD Mask(int sq, int sk, bool bottom_right, int wl, int wr)
-      : seqlen_q(sq), seqlen_k(sk), diag_offset(bottom_right ? sk - sq : 0), left(wl), right(wr) {}
+      : seqlen_q(sq), seqlen_k(sk), diag_offset(bottom_right ? sk - sq : 0), left(wl), right(wr),
+        alibi_diag(diag_offset) {}
+  // The same with ALiBi's diagonal given (Options::alibi_diagonal); unset keeps diag_offset.
+  TA_HD Mask with_alibi_diag(bool set, int diag) const {
+    Mask m = *this;
+    if (set) m.alibi_diag = diag;
+    return m;
+  }
 
   // First and one-past-last visible key of row i (may give an empty range).
   TA_HD int key_begin(int i) const {

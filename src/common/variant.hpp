@@ -111,7 +111,7 @@ struct Variant {
 
   // The modified score of raw product qk at (i, j), natural-log units; its derivative in qk given
   // the value before ALiBi (capped).
-  TA_HD float modified(float qk, int i, int j) const { return score(qk, i, j, mask.diag_offset); }
+  TA_HD float modified(float qk, int i, int j) const { return score(qk, i, j, mask.alibi_diag); }
   TA_HD float dscore(float capped) const { return score.dscore(capped); }
   // The same variant with head h's ALiBi slope.
   TA_HD Variant with_slope(float slope) const {

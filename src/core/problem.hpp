@@ -26,6 +26,8 @@ struct Problem {
   float dropout_p = 0.f;
   bool has_alibi = false;
   bool alibi_per_batch = false;  // slopes [batch, heads_q] rather than [heads_q]
+  bool alibi_diag_set = false;    // Options::alibi_diagonal given: alibi_diag, not the causal diagonal
+  int alibi_diag = 0;
   bool documents = false;  // forward/backward: document ids given
   // Prefix-LM: keys [0, prefix_len) visible to every row; per sequence from the call's prefix_lens
   // where prefix_per_seq (forward and backward).
@@ -45,7 +47,9 @@ struct Problem {
   bool rotary_per_row = false;  // query row i at cache length + i (causal or windowed call)
 
   int group() const { return heads_q / heads_kv; }
-  Mask mask(int sq, int sk) const { return Mask(sq, sk, bottom_right, window_left, window_right); }
+  Mask mask(int sq, int sk) const {
+    return Mask(sq, sk, bottom_right, window_left, window_right).with_alibi_diag(alibi_diag_set, alibi_diag);
+  }
   ScoreMod score_mod(float alibi_slope) const { return ScoreMod{scale, softcap, alibi_slope}; }
   Dropout dropout(const Options& o) const { return Dropout(dropout_p, o.seed, o.offset); }
   bool block_sparse() const { return block_q > 0; }

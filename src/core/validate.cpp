@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cfloat>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -95,6 +97,15 @@ void check_options(const char* fn, const Options& o, Problem& p) {
   p.window_left = o.window_left >= reach_all ? -1 : o.window_left;
   p.window_right = o.causal ? 0 : (o.window_right >= reach_all ? -1 : o.window_right);
   p.bottom_right = o.align == MaskAlign::bottom_right;
+  if (o.alibi_diagonal) {
+    // |i + alibi_diagonal - j| must stay in int for every row and key.
+    const long long reach = static_cast<long long>(p.seqlen_q) + p.seqlen_k + std::llabs(static_cast<long long>(*o.alibi_diagonal));
+    if (reach > INT_MAX)
+      fail(fn, "options.alibi_diagonal = ", *o.alibi_diagonal, " with seqlen_q = ", p.seqlen_q, " and seqlen_k = ",
+           p.seqlen_k, ": |alibi_diagonal| + seqlen_q + seqlen_k must fit a 32-bit int");
+    p.alibi_diag_set = true;
+    p.alibi_diag = *o.alibi_diagonal;
+  }
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     fail(fn, "options.softcap = ", o.softcap, ", expected a finite value >= 0 (0 = off)");
   if (o.softcap > 0.f && !(fp32_finite(p.scale / static_cast<double>(o.softcap)) &&
@@ -127,7 +138,7 @@ void check_alibi(const char* fn, const TensorView& s, const Device& dev, Problem
   // Host slopes are read here: a slope times the longest distance, in log2 units, must stay a
   // finite fp32 value. Device slopes are trusted (reading them would synchronize).
   if (s.device.type == DeviceType::cpu) {
-    const double reach = std::max({p.seqlen_q, p.seqlen_k, 1});
+    const double reach = std::max({p.seqlen_q, p.seqlen_k, 1}) + (p.alibi_diag_set ? std::fabs(p.alibi_diag) : 0.0);
     const std::int64_t rows = s.ndim == 2 ? s.shape[0] : 1, cols = s.shape[s.ndim - 1];
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t c = 0; c < cols; ++c) {
@@ -555,6 +566,8 @@ static Problem validate_decode(const DecodeArgs& a) {
   }
   Options o = a.options;
   if (o.dropout_p != 0.f) fail(fn, "options.dropout_p = ", o.dropout_p, ", decode does not support dropout");
+  if (o.alibi_diagonal)
+    fail(fn, "options.alibi_diagonal = ", *o.alibi_diagonal, ", decode measures ALiBi from each sequence's cache end");
   check_options(fn, o, p);
   check_alibi(fn, a.alibi_slopes, dev, p);
   // An append writes the caches: then they are outputs like out and lse.

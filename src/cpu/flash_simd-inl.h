@@ -230,7 +230,7 @@ struct TileRows {
   int n = 0;                      // valid rows
   int w = kBr;                    // lanes the score and softmax passes cover (finish's width)
   float kb[kBr], ke[kBr];         // visible keys [kb, ke) as floats (exact below 2^24)
-  float pos[kBr];                 // i + diag_offset: the ALiBi distance origin
+  float pos[kBr];                 // i + the mask's alibi_diag: the ALiBi distance origin
   float slope2[kBr];              // ALiBi slope in log2 units
   std::uint32_t bh[kBr], i[kBr];  // dropout coordinates
   int key_lo = 0, key_hi = 0;     // union of the rows' key ranges
@@ -249,7 +249,7 @@ struct TileRows {
   void set(int r, const Variant& v, int row, float slope, std::uint32_t bh_r, int b, int e) {
     kb[r] = static_cast<float>(b);
     ke[r] = static_cast<float>(e);
-    pos[r] = static_cast<float>(v.position(row));
+    pos[r] = static_cast<float>(row + v.mask.alibi_diag);
     slope2[r] = slope * kLog2e;
     bh[r] = bh_r;
     i[r] = static_cast<std::uint32_t>(row);

@@ -70,7 +70,10 @@ struct Head {
     double s = qk * p->scale;
     return p->softcap > 0 ? p->softcap * std::tanh(s / p->softcap) : s;
   }
-  double alibi(int i, int j) const { return -slope * std::abs(static_cast<double>(diag(i) - j)); }
+  double alibi(int i, int j) const {
+    const long at = p->alibi_diag_set ? static_cast<long>(i) + p->alibi_diag : diag(i);
+    return -slope * std::abs(static_cast<double>(at - j));
+  }
   double dot_qk(int i, int j) const {
     double s = 0;
     for (int c = 0; c < d; ++c) s += q[i * d + c] * k[j * d + c];

@@ -41,6 +41,8 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
   p.scale_log2 = pr.scale * kLog2e;
   p.softcap = pr.softcap;
   p.bottom_right = pr.bottom_right;
+  p.alibi_diag_set = pr.alibi_diag_set;
+  p.alibi_diag = pr.alibi_diag;
   p.window_left = pr.window_left;
   p.window_right = pr.window_right;
   if (pr.has_alibi) {

@@ -229,8 +229,8 @@ struct TileRows : TileLse<kC>, TileDsum<kC> {
 
 // What scores_to_pt needs of a visibility rule, for a bare Mask and for a Variant. A Variant's
 // document ids exist only for the sequence's rows (a tile's rows may run past it).
-__device__ __forceinline__ int diag_offset_of(const Mask& m) { return m.diag_offset; }
-__device__ __forceinline__ int diag_offset_of(const Variant& v) { return v.mask.diag_offset; }
+__device__ __forceinline__ int alibi_diag_of(const Mask& m) { return m.alibi_diag; }
+__device__ __forceinline__ int alibi_diag_of(const Variant& v) { return v.mask.alibi_diag; }
 __device__ __forceinline__ int keys_of(const Mask& m) { return m.seqlen_k; }
 __device__ __forceinline__ int keys_of(const Variant& v) { return v.mask.seqlen_k; }
 __device__ __forceinline__ bool sees(const Mask& m, int i, int j) { return m.visible(i, j); }
@@ -253,7 +253,7 @@ __device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Vis& vis,
       for (int j = 0; j < kC; ++j) {
         const float capped = hd.mod.capped(s(i, j));
         if (softcap) dsc(i, j) = hd.mod.dscore(capped);
-        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, diag_offset_of(vis))) * kLog2e;
+        s(i, j) = (capped - hd.mod.alibi_bias(m0 + get<1>(c(i, j)), key, alibi_diag_of(vis))) * kLog2e;
       }
     }
   }

@@ -46,6 +46,8 @@ struct FwdParams {
   float scale, scale_log2, softcap;
   bool bottom_right;
   int window_left, window_right;
+  bool alibi_diag_set;  // Options::alibi_diagonal given (alibi_diag), else the causal diagonal
+  int alibi_diag;
   const float* alibi;  // nullptr: off
   std::int64_t alibi_batch, alibi_head;
   bool dropout;
@@ -65,7 +67,7 @@ struct FwdParams {
 // (per head: Variant::with_slope). Built from the host-resolved fields above.
 TA_HD Variant sequence_variant(const FwdParams& p, int b, int q_start, int k_start, int sq, int sk) {
   Variant v;
-  v.mask = Mask(sq, sk, p.bottom_right, p.window_left, p.window_right);
+  v.mask = Mask(sq, sk, p.bottom_right, p.window_left, p.window_right).with_alibi_diag(p.alibi_diag_set, p.alibi_diag);
   v.chunk = p.chunk;
   v.score = ScoreMod{p.scale, p.softcap, 0.f};
   v.alibi = p.alibi != nullptr;

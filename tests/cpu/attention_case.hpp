@@ -61,6 +61,7 @@ struct Case {
        << (options.align == MaskAlign::top_left ? " top_left" : "") << " window=(" << options.window_left << ","
        << options.window_right << ") softcap=" << options.softcap << (alibi ? " alibi" : "")
        << (alibi_per_batch ? "/batch" : "") << " dropout=" << options.dropout_p;
+    if (options.alibi_diagonal) os << " alibi_diagonal=" << *options.alibi_diagonal;
     if (options.chunk_size) os << " chunk=" << options.chunk_size;
     if (documents) os << " documents";
     if (options.prefix_len) os << " prefix=" << options.prefix_len;
@@ -131,6 +132,8 @@ inline Case random_case(std::mt19937_64& rng, int max_len = 140) {
   if (coin(0.2)) {
     c.alibi = true;
     c.alibi_per_batch = coin(0.3);
+    // ALiBi measured from another diagonal, as for a block of a longer sequence.
+    if (coin(0.4)) o.alibi_diagonal = uni(-c.seqlen_q - 3, c.seqlen_k + 3);
   }
   if (coin(0.15)) {
     o.dropout_p = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);

@@ -171,6 +171,41 @@ TEST(FlashForward, MaskedRowsGiveZeroAndNegInf) {
   }
 }
 
+// Options::alibi_diagonal: rows [40, 72) of a 96-token sequence, attended alone to all its keys with
+// ALiBi measured from the sequence's diagonal (row i' sits at 40 + i'), give the whole call's rows,
+// in both backends; non-causal, so that ALiBi's |distance| is tested on both sides of the diagonal.
+TEST(FlashForward, AlibiDiagonalOfABlockMatchesTheWholeSequence) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  constexpr int kFirst = 40, kRows = 32;
+  Case whole;
+  whole.dtype = DType::f32;
+  whole.heads_q = whole.heads_kv = 2;
+  whole.seqlen_q = whole.seqlen_k = 96;
+  whole.hdim = whole.hdim_v = 32;
+  whole.alibi = true;
+  CaseTensors tw(whole, rng);
+  Case block = whole;
+  block.seqlen_q = kRows;
+  block.options.alibi_diagonal = kFirst;
+  CaseTensors tb(block, rng);
+  const std::int64_t row = whole.heads_q * whole.hdim;  // q and out rows ([1, seqlen, heads, d])
+  for (std::int64_t x = 0; x < kRows * row; ++x) tb.q.set(x, tw.q.get(kFirst * row + x));
+  for (std::int64_t x = 0; x < tw.k.numel(); ++x) tb.k.set(x, tw.k.get(x));
+  for (std::int64_t x = 0; x < tw.v.numel(); ++x) tb.v.set(x, tw.v.get(x));
+  for (std::int64_t x = 0; x < tw.slopes.numel(); ++x) tb.slopes.set(x, tw.slopes.get(x));
+  for (Backend backend : {Backend::cpu_flash, Backend::cpu_reference}) {
+    const ForwardResult all = run_forward(whole, tw, backend);
+    const ForwardResult part = run_forward(block, tb, backend);
+    const std::vector<double> want(all.out.begin() + kFirst * row, all.out.begin() + (kFirst + kRows) * row);
+    EXPECT_LE(max_abs_error(part.out, want), 1e-5) << "seed " << seed << " backend " << int(backend);
+    for (int h = 0; h < whole.heads_q; ++h)
+      for (int i = 0; i < kRows; ++i)
+        EXPECT_NEAR(part.lse[h * kRows + i], all.lse[h * whole.seqlen_q + kFirst + i], 1e-5)
+            << "seed " << seed << " head " << h << " row " << i;
+  }
+}
+
 // Scores set by the first column alone: q_i = (q0, 0, ...), k_j = (key(j), 0, ...), so q_i . k_j =
 // q0 * key(j) exactly (scale 1), for 70 query rows and `keys` keys in every dtype; the flash output
 // and LSE must be finite and match the oracle's.

@@ -165,6 +165,8 @@ TEST(ValidateDecode, CacheLengthsAndAppend) {
       {"over capacity", [&](DecodeArgs& a) { a.cache_seqlens = t.lens_full.view(); },
        {"cache_seqlens[2] = 9 plus 2 appended rows exceeds the cache capacity of 10 (k_cache.shape[1])"}},
       {"dropout", [](DecodeArgs& a) { a.options.dropout_p = 0.1f; }, {"options.dropout_p = 0.1, decode does not support dropout"}},
+      {"alibi diagonal", [](DecodeArgs& a) { a.options.alibi_diagonal = 3; },
+       {"options.alibi_diagonal = 3, decode measures ALiBi from each sequence's cache end"}},
       {"window", [](DecodeArgs& a) { a.options.window_left = -2; }, {"options.window_left = -2"}},
       {"scale", [](DecodeArgs& a) { a.options.scale = std::numeric_limits<float>::quiet_NaN(); }, {"options.scale = nan"}},
       {"alibi", [&](DecodeArgs& a) { a.alibi_slopes = t.slopes.view(); }, {"alibi_slopes has shape [3], expected [4]"}},

@@ -2,6 +2,7 @@
 // the backend/device checks: a tileattn::Error naming the argument and value, outputs untouched.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -170,6 +171,8 @@ TEST(ValidateForward, AlibiSlopes) {
        {"alibi_slopes must be [heads_q] or [batch, heads_q], got shape [1, 2, 4]"}},
       {"null", [&](ForwardArgs& a) { a.alibi_slopes = t.slopes.view(); a.alibi_slopes.data = nullptr; },
        {"alibi_slopes has", "elements but a null data pointer"}},
+      {"diagonal past int", [&](ForwardArgs& a) { a.options.alibi_diagonal = INT_MAX - 3; },
+       {"options.alibi_diagonal = 2147483644", "must fit a 32-bit int"}},
   });
 }
 

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(WARPS * 32) gqa_mma_kernel(const Params p) {
         for (int e = 0; e < 2; ++e) {
           const int j = j0 + nt * 8 + 2 * ti + e;
           float& x = sc[nt][2 * hr + e];
-          x = (j < hi && j >= key_lo[hr] && j < key_hi[hr]) ? mod[hr](x, row_i[hr], j, var.mask.diag_offset) : kNegInf;
+          x = (j < hi && j >= key_lo[hr] && j < key_hi[hr]) ? mod[hr](x, row_i[hr], j, var.mask.alibi_diag) : kNegInf;
           mx = fmaxf(mx, x);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

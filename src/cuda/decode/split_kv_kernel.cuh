@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(WARPS * 32) split_kv_kernel(const Params p) {
         for (int c = 0; c < 8; ++c) d = fmaf(q[r][c], kf[c], d);
 #pragma unroll
         for (int off = TPK / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-        s[r][u] = (j < hi && j >= key_lo[r] && j < key_hi[r]) ? mod[r](d, row_i[r], j, var.mask.diag_offset) : kNegInf;
+        s[r][u] = (j < hi && j >= key_lo[r] && j < key_hi[r]) ? mod[r](d, row_i[r], j, var.mask.alibi_diag) : kNegInf;
       }
     }
 #pragma unroll
