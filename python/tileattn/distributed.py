@@ -17,10 +17,9 @@ chunks, rank r holds chunks r and 2P - 1 - r, so every rank gets the same share 
 Masks, windows and ALiBi are those of the whole sequence (for varlen, of each document). Each (query
 chunk, key chunk) pair becomes at most one library call on the bounding box of its visible pairs,
 whose bottom-right window is then the global one shifted by the chunks' offset; pairs that are all
-visible merge into one call per ring step. The kernels' ALiBi reads its distance from the
-bottom-right corner, which is the true distance only when the box's last query and last key sit at
-the same position: ALiBi therefore works on one rank and in causal all_gather_attention, and is
-refused elsewhere until the kernels take an explicit diagonal offset.
+visible merge into one call per ring step (without ALiBi: merged pairs would need several
+diagonals). Each call measures ALiBi from the global diagonal (Options.alibi_diagonal: the box's
+first query position minus its first key position).
 """
 
 import collections
@@ -36,8 +35,9 @@ LAYOUTS = ("contiguous", "zigzag")
 # A piece of the global sequence held at [local, local + n) of a tensor: global positions [pos, pos + n).
 _Chunk = collections.namedtuple("_Chunk", "local pos n")
 # One library call: query rows [q0, q1) against keys [k0, k1) with a bottom-right window (-1 =
-# unbounded); aligned: the box's bottom-right corner is the global diagonal (ALiBi is then exact).
-_Call = collections.namedtuple("_Call", "q0 q1 k0 k1 window_left window_right aligned")
+# unbounded); alibi_diagonal: the box's first query position minus its first key position, from
+# which ALiBi measures the call's distances (None on merged calls, which have several).
+_Call = collections.namedtuple("_Call", "q0 q1 k0 k1 window_left window_right alibi_diagonal")
 
 # P2P tags: gloo matches messages by tag, NCCL by order.
 _TAG_KV, _TAG_DKV = 0, 2
@@ -119,7 +119,7 @@ def _block(qc, kc, lo, hi):
     wl = -1 if a is None else j1 - i1 - a
     wr = -1 if b is None else b - j1 + i1
     return _Call(qc.local + i0, qc.local + i1, kc.local + j0, kc.local + j1, wl, wr,
-                 qc.pos + i1 == kc.pos + j1)
+                 qc.pos + i0 - (kc.pos + j0))
 
 
 def _full(c):
@@ -153,12 +153,12 @@ def _fuse(calls, q_chunks, k_chunks, lo, hi):
         qs = _tiles((c.q0, c.q1) for c in calls)
         ks = _tiles((c.k0, c.k1) for c in calls)
         if qs and ks and len(qs) * len(ks) == len(calls):
-            return [_Call(qs[0][0], qs[-1][1], ks[0][0], ks[-1][1], -1, -1, False)]
+            return [_Call(qs[0][0], qs[-1][1], ks[0][0], ks[-1][1], -1, -1, None)]
     if q_chunks == k_chunks and lo is None and hi == 0 and _tiles((c.local, c.local + c.n) for c in q_chunks):
         # j <= i in local order is key position <= query position: the chunks are in global order.
         if all(x.pos < y.pos for x, y in zip(q_chunks, q_chunks[1:])):
             end = q_chunks[-1].local + q_chunks[-1].n
-            return [_Call(q_chunks[0].local, end, q_chunks[0].local, end, -1, 0, False)]
+            return [_Call(q_chunks[0].local, end, q_chunks[0].local, end, -1, 0, None)]
     return calls
 
 
@@ -173,12 +173,9 @@ def _ring_plan(layout, rank, world, n, lo, hi, alibi):
     return plan
 
 
-def _alibi_refused(what):
-    return NotImplementedError(
-        f"tileattn.distributed.{what}: ALiBi over several ranks needs query/key blocks whose last query and "
-        "last key sit at the same position (the kernels measure ALiBi's distance from the bottom-right corner "
-        "and take no explicit diagonal offset); this call has other blocks. On more than one rank ALiBi "
-        "works in all_gather_attention with causal=True")
+def _diagonal(c, opts):
+    """The call's ALiBi diagonal where the call has ALiBi: none of the kernels' own choosing."""
+    return {"alibi_diagonal": c.alibi_diagonal} if opts.get("alibi_slopes") is not None else {}
 
 
 class _Ring:
@@ -297,7 +294,8 @@ def _ring_forward(q, k, v, ring, plan, opts):
         pending = ring.exchange(kv, _TAG_KV) if step + 1 < ring.world else None
         for c in calls:
             out, lse = _functional.forward(_rows(q, c), _keys(kv[0], c), _keys(kv[1], c),
-                                           window_left=c.window_left, window_right=c.window_right, **opts)
+                                           window_left=c.window_left, window_right=c.window_right,
+                                           **_diagonal(c, opts), **opts)
             acc.add(c.q0, c.q1, out, lse)
         if pending is not None:
             kv = tuple(pending.wait())
@@ -313,7 +311,7 @@ def _ring_backward(dout, q, k, v, out, lse, ring, plan, opts):
         for c in calls:
             gq, gk, gv = _functional.backward(
                 _rows(dout, c), _rows(q, c), _keys(kv[0], c), _keys(kv[1], c), _rows(out, c), lse[..., c.q0:c.q1],
-                window_left=c.window_left, window_right=c.window_right, **opts)
+                window_left=c.window_left, window_right=c.window_right, **_diagonal(c, opts), **opts)
             _rows(dq, c).add_(gq)
             grads.append((c, gk, gv))
         # This block's dK/dV so far come from the previous rank (which held it one step earlier).
@@ -382,7 +380,7 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     layout "contiguous" or "zigzag" (see shard()); every rank holds the same local_seqlen. causal,
     window_size, softcap and softmax_scale as flash_attn_func over the whole sequence. Returns out like
     q, or (out, softmax_lse (batch, nheads, local_seqlen) fp32) with return_lse. On one rank this is the
-    local call. alibi_slopes: only on one rank (see the module's notes)."""
+    local call. alibi_slopes (nheads,) fp32: ALiBi over the whole sequence's positions."""
     _check_qkv("ring_attention", q, k, v, 4)
     _check_layout(layout)
     ring = _Ring(group)
@@ -391,11 +389,6 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     lo, hi = _band(causal, window_size)
     alibi = alibi_slopes is not None
     plan = _ring_plan(layout, ring.rank, ring.world, n, lo, hi, alibi)
-    if alibi and ring.world > 1:
-        # Every rank decides alike, so that none waits on a peer that refused.
-        if not all(c.aligned for r in range(ring.world)
-                   for step in _ring_plan(layout, r, ring.world, n, lo, hi, True) for c in step):
-            raise _alibi_refused("ring_attention")
     # The ring sends k and v whole: P2P takes contiguous tensors.
     q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
     out, lse = _RingAttention.apply(q, k, v, ring, plan,
@@ -418,11 +411,11 @@ def _scatter_sum(full, ring, layout, dim):
     return out
 
 
-def _gather_plan(q_chunks, docs, lo, hi):
+def _gather_plan(q_chunks, docs, lo, hi, alibi=False):
     """The calls of queries q_chunks (local rows of the packed tensor) against their documents (global
     [start, end) ranges, keys at their global positions in the gathered sequence), grouped into varlen
-    calls: one group holds calls with one window and increasing, disjoint key ranges. Returns a list
-    of groups, each a list of (call, document index)."""
+    calls: one group holds calls with one window (and with alibi, one ALiBi diagonal) and increasing,
+    disjoint key ranges. Returns a list of groups, each a list of (call, document index)."""
     calls = []
     for qc in q_chunks:
         for d, (s, e) in enumerate(docs):
@@ -435,7 +428,8 @@ def _gather_plan(q_chunks, docs, lo, hi):
     for c, d in sorted(calls, key=lambda cd: cd[0].q0):
         for g in groups:
             last = g[-1][0]
-            if (last.window_left, last.window_right) == (c.window_left, c.window_right) and c.k0 >= last.k1:
+            if (last.window_left, last.window_right) == (c.window_left, c.window_right) and c.k0 >= last.k1 and \
+                    (not alibi or last.alibi_diagonal == c.alibi_diagonal):
                 g.append((c, d))
                 break
         else:
@@ -481,6 +475,8 @@ class _Varlen:
             window_left=group[0][0].window_left, window_right=group[0][0].window_right,
             alibi_slopes=alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else
             alibi_slopes[torch.tensor(docs, device=alibi_slopes.device)].contiguous())
+        if alibi_slopes is not None:
+            self.args["alibi_diagonal"] = group[0][0].alibi_diagonal
         # Rows and keys outside the group's calls: their results are dropped rather than trusted.
         self.rows = _covered([(c.q0, c.q1) for c, _ in group], n_q, device)
         self.keys = _covered([(c.k0, c.k1) for c, _ in group], n_k, device)
@@ -586,8 +582,7 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     documents' prefix sums over the whole packed sequence (the same on every rank; tokens past
     cu_seqlens[-1] belong to no document and output zeros). Returns out (local_tokens, nheads, d)
     (and softmax_lse (nheads, local_tokens)). Masks and ALiBi apply per document, as in
-    flash_attn_varlen_func; alibi_slopes (nheads,) or (docs, nheads).
-    ALiBi on more than one rank: causal only."""
+    flash_attn_varlen_func; alibi_slopes (nheads,) or (docs, nheads)."""
     varlen = cu_seqlens is not None
     _check_qkv("all_gather_attention", q, k, v, 3 if varlen else 4)
     _check_layout(layout)
@@ -611,10 +606,7 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
             return [_Chunk(b * n + c.local, b * length + c.pos, c.n) for b in range(batch)
                     for c in _chunks(layout, rank, ring.world, n)]
 
-    groups = _gather_plan(chunks(ring.rank), docs, lo, hi)
-    if alibi_slopes is not None and ring.world > 1:
-        if not all(c.aligned for r in range(ring.world) for g in _gather_plan(chunks(r), docs, lo, hi) for c, _ in g):
-            raise _alibi_refused("all_gather_attention")
+    groups = _gather_plan(chunks(ring.rank), docs, lo, hi, alibi_slopes is not None)
     q, k, v = (contiguous_last(x) for x in (q, k, v))
     if not varlen:
         q = q.reshape((-1,) + tuple(q.shape[2:]))  # batch element b's rows after those of b - 1

@@ -36,9 +36,14 @@ CASES = {
         torch.float32),
     "ring-contiguous-window": ("ring", dict(layout="contiguous", window_size=(5, 2)), torch.float32),
     "ring-zigzag-causal-bf16": ("ring", dict(layout="zigzag", causal=True), torch.bfloat16),
+    "ring-zigzag-causal-alibi": ("ring", dict(layout="zigzag", causal=True, alibi=True), torch.float32),
+    "ring-contiguous-window-alibi": ("ring", dict(layout="contiguous", window_size=(5, 2), alibi=True),
+                                     torch.float32),
+    "ring-zigzag-alibi-bf16": ("ring", dict(layout="zigzag", alibi=True), torch.bfloat16),
     "gather-contiguous-causal": ("gather", dict(layout="contiguous", causal=True), torch.float32),
     "gather-zigzag-causal-alibi": ("gather", dict(layout="zigzag", causal=True, alibi=True), torch.float32),
     "gather-zigzag-window": ("gather", dict(layout="zigzag", window_size=(3, 2)), torch.float32),
+    "gather-contiguous-alibi": ("gather", dict(layout="contiguous", alibi=True), torch.float32),
     "varlen-contiguous-causal": ("varlen", dict(layout="contiguous", causal=True), torch.float32),
     "varlen-zigzag-causal-window-alibi": (
         "varlen", dict(layout="zigzag", causal=True, window_size=(4, 0), alibi=True), torch.float32),
@@ -167,8 +172,6 @@ def _run_errors(rank, world):
     results = {}
     calls = {
         "layout": lambda: cp.ring_attention(q, q, q, layout="striped"),
-        "alibi-ring": lambda: cp.ring_attention(q, q, q, causal=True, alibi_slopes=torch.ones(HEADS)),
-        "alibi-gather-noncausal": lambda: cp.all_gather_attention(q, q, q, alibi_slopes=torch.ones(HEADS)),
         "zigzag-odd": lambda: cp.ring_attention(q[:, :5], q[:, :5], q[:, :5], layout="zigzag"),
         "cu_seqlens": lambda: cp.all_gather_attention(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 9, 4],
                                                                                              dtype=torch.int32)),
@@ -260,11 +263,6 @@ def test_bad_calls_raise_on_every_rank(runs, world):
         assert e["cu_seqlens"].startswith("ValueError") and "cu_seqlens" in e["cu_seqlens"]
         assert e["shapes"].startswith("ValueError"), e["shapes"]
         assert e["group"] == "no error" if rank == 0 else "not a member" in e["group"], e["group"]
-        if world > 1:
-            assert e["alibi-ring"].startswith("NotImplementedError"), e["alibi-ring"]
-            assert e["alibi-gather-noncausal"].startswith("NotImplementedError"), e["alibi-gather-noncausal"]
-        else:  # one rank is the local call, ALiBi included
-            assert e["alibi-ring"] == "no error" and e["alibi-gather-noncausal"] == "no error"
 
 
 def test_shard_unshard_round_trip():
@@ -338,8 +336,8 @@ def test_block_calls_reproduce_the_global_mask():
                                                 key = (pos_q[i], pos_k[j])
                                                 assert key not in seen, (world, layout, n, lo, hi, rank, c, key)
                                                 seen[key] = c
-                                    if alibi and c.aligned:  # the box's bottom-right corner is the global diagonal
-                                        assert pos_q[c.q1 - 1] == pos_k[c.k1 - 1]
+                                    if alibi:  # ALiBi measured from the global diagonal
+                                        assert c.alibi_diagonal == pos_q[c.q0] - pos_k[c.k0]
                             want = {(gi, gj) for gi in pos_q.values() for gj in range(n * world)
                                     if visible(gi, gj, lo, hi)}
                             assert set(seen) == want, (world, layout, n, lo, hi, rank)
