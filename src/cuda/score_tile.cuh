@@ -33,11 +33,25 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
-    const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
+    // The row's bounds relative to this thread's first column of it: the other columns' offsets
+    // from that one are compile-time constants, so an element costs a compare with an immediate
+    // and a select (a column in a register and two compares otherwise). A row whose first visible
+    // key lies left of the thread's columns (causal; a window wider than the tile) has one bound.
+    const int c0 = get<1>(coord(i, 0));
+    const int lo = v.key_begin(row) - col0 - c0, hi = v.key_end(row) - col0 - c0;
+    int first = 0;  // the leftmost of the thread's columns, relative to c0 (a constant once unrolled)
     CUTE_UNROLL
-    for (int j = 0; j < size<1>(s); ++j) {
-      const int c = get<1>(coord(i, j));
-      if (c < lo || c >= hi) s(i, j) = -INFINITY;
+    for (int j = 0; j < size<1>(s); ++j) first = min(first, get<1>(coord(i, j)) - c0);
+    if (lo <= first) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(s); ++j)
+        if (get<1>(coord(i, j)) - c0 >= hi) s(i, j) = -INFINITY;
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(s); ++j) {
+        const int dc = get<1>(coord(i, j)) - c0;
+        if (dc < lo || dc >= hi) s(i, j) = -INFINITY;
+      }
     }
   }
   if (!v.element_tests()) return;
