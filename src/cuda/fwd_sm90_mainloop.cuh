@@ -9,8 +9,7 @@
 // Within a warpgroup, S[n - 1] and P[n] V[n] are issued together and the softmax of S[n - 1] runs
 // while O's product is in flight; between the warpgroups, named barriers let one issue its
 // products while another runs its softmax (ping-pong; three take turns in a ring), so the tensor
-// cores rarely wait. A tile's first S and last P V take turns too: the warpgroups stay apart
-// across tiles, one's first softmax and epilogue beside another's products.
+// cores rarely wait.
 #pragma once
 
 #include <cstdint>
@@ -262,13 +261,9 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   const int top = t.n;
   // Varlen: the last tile's rows past the sequence come from the next one (see zero_v_rows).
   const int v_past_end = p.cu_k != nullptr ? g.sk - top * kBlockN : kBlockN;
-  auto take_turn = [&] { cutlass::arch::NamedBarrier::sync(2 * 128, kBarrierTurn + wg); };
-  auto pass_turn = [&] { cutlass::arch::NamedBarrier::arrive(2 * 128, kBarrierTurn + (wg + 1) % T::kWarpGroups); };
   bars.q_full.wait(q_phase);
   pk.consumer_wait(st);
-  take_turn();
   gemm_wg<true>(mma_s, dQ, dK(_, _, _, st.index()), acc_s);
-  pass_turn();
   warpgroup_wait<0>();
   pk.consumer_release(st);
   scores_to_p(t);  // O is still zero: nothing to rescale
@@ -280,12 +275,12 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     const auto sv = st;  // V[t]'s stage; K[next] is in the next one
     ++st;
     pk.consumer_wait(st);
-    take_turn();
+    cutlass::arch::NamedBarrier::sync(2 * 128, kBarrierTurn + wg);
     gemm_wg<true>(mma_s, dQ, dK(_, _, _, st.index()), acc_s);
     pv.consumer_wait(sv);
     if (t.n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, sv.index()), v_past_end, tw, wg);
     gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, sv.index()), acc_o);
-    pass_turn();
+    cutlass::arch::NamedBarrier::arrive(2 * 128, kBarrierTurn + (wg + 1) % T::kWarpGroups);
     warpgroup_wait<1>();  // S[next] is done; O's product runs on
     pk.consumer_release(st);
     const bool grow = scores_to_p(next);
@@ -298,9 +293,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   bars.q_empty.arrive();  // the last S product has completed
   pv.consumer_wait(st);
   if (t.n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, st.index()), v_past_end, tw, wg);
-  take_turn();
   gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, st.index()), acc_o);
-  pass_turn();
   warpgroup_wait<0>();
   pv.consumer_release(st);
   ++st;
