@@ -38,9 +38,7 @@ tileattn's calls use the default device check of the block mask, done at a mask'
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -48,14 +46,9 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 import tileattn
+from record_commit import record_commit
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def git_commit():
-    res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return res.stdout.strip() if res.returncode == 0 else None
 
 
 def timer(device):
@@ -181,7 +174,7 @@ def main():
     gen = torch.Generator().manual_seed(0)
     rows = []
     record = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "date": datetime.date.today().isoformat(), "commit": args.commit or git_commit(), "ceilings": None,
+              "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(), "ceilings": None,
               "torch": torch.__version__, "threads": torch.get_num_threads() if device == "cpu" else None, "rows": rows}
 
     def save():

@@ -30,13 +30,13 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import time
 
 import torch
 import torch.nn.functional as F
 
 import tileattn
+from record_commit import record_commit
 
 CACHE = 4000  # the decode row's cached keys
 ROUNDS = 10  # alternating rounds of each entry's calls (see main)
@@ -140,13 +140,6 @@ def profile(path, device, dtype, calls):
     print(f"profile: {path}")
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main():
     global B, S, H, D, CACHE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,7 +194,7 @@ def main():
         with torch.enable_grad():
             profile(a.profile, a.device, dtype, 200)
     device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
-    record = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
+    record = {"device": device, "date": datetime.date.today().isoformat(), "commit": record_commit(),
               "torch": torch.__version__, "rows": rows}
     if a.out:
         with open(a.out, "w") as f:

@@ -27,7 +27,6 @@ import datetime
 import json
 import math
 import statistics
-import subprocess
 import time
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tileattn
+from record_commit import record_commit
 
 MODELS = {
     "gpt2-124m": dict(kind="gpt2", layers=12, width=768, heads=12, kv_heads=12, vocab=50304),
@@ -193,13 +193,6 @@ def run_row(model_name, impl, seqlen, tokens, steps, warmup, device):
     return row
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
@@ -235,7 +228,7 @@ def main(argv=None):
                       f"{sp if sp else r.get('error', '-')!s:>10}")
             rows += group
     record = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-              "date": datetime.date.today().isoformat(), "commit": git_commit(), "torch": torch.__version__,
+              "date": datetime.date.today().isoformat(), "commit": record_commit(), "torch": torch.__version__,
               "rows": rows}
     if a.out:
         with open(a.out, "w") as f:

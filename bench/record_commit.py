@@ -1,0 +1,17 @@
+"""The commit a benchmark record names: TILEATTN_COMMIT where the caller sets it (a copy of the tree
+whose .git is missing or is not the tree's own, as on a machine the tree was copied to), else the
+checkout's HEAD, else None."""
+import os
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def record_commit():
+    if os.environ.get("TILEATTN_COMMIT"):
+        return os.environ["TILEATTN_COMMIT"]
+    try:
+        res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
