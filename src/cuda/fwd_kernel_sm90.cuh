@@ -42,9 +42,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int warp_group = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (threadIdx.x == 0) {
+    bars.q_full.init(1);
+    bars.q_empty.init(T::kConsumers);
     for (int i = 0; i < 2; ++i) {
-      bars.q_full[i].init(1);
-      bars.q_empty[i].init(T::kConsumers);
       bars.tile_full[i].init(1);
       bars.tile_empty[i].init(T::kConsumers);
     }
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Pipeline pv(bars.v, pp, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized
 
-  int q_loads = 0;  // tiles with keys so far: Q's buffer and the phase of its barriers
+  int q_loads = 0;  // tiles with keys so far: the phase of Q's barriers
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (threadIdx.x != 0) return;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
       OnlineSoftmax<kRows> softmax;
       clear(acc_o);
-      fwd_sm90_mma<T, kMods, kVariant>(p, g, sQ, sK, sV, sVt, pk, pv, st, bars, q_loads, acc_o, softmax, tc);
+      fwd_sm90_mma<T, kMods, kVariant>(p, g, sQ, sK, sV, sVt, pk, pv, st, bars, q_loads & 1, acc_o, softmax, tc);
       ++q_loads;
       float lse[kRows];
       softmax.finish(acc_o_rc, kMods ? 1.f : p.scale_log2, kMods && g.var.dropout ? g.var.drop.keep_scale : 1.f, lse);

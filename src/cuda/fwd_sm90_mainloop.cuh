@@ -34,8 +34,8 @@ using namespace cute;
 template <int kStages>
 struct FwdBarriersSm90 {
   typename cutlass::PipelineTmaAsync<kStages>::SharedStorage k, v;
-  cutlass::arch::ClusterTransactionBarrier q_full[2];  // per Q buffer: its tile's Q has landed
-  cutlass::arch::ClusterBarrier q_empty[2];            // every consumer is done with the buffer
+  cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile has landed
+  cutlass::arch::ClusterBarrier q_empty;            // every consumer is done with Q's buffer
   // The producer hands each tile index to the consumers through two slots.
   cutlass::arch::ClusterBarrier tile_full[2], tile_empty[2];
   int tile[2];
@@ -74,15 +74,7 @@ struct FwdTraitsSm90 {
   template <int kD>  // 128-byte swizzle atoms where the head dim is a multiple of 64 columns
   using AtomOf =
       std::conditional_t<kD % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
-  static constexpr int kTileQBytes = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kTileKVBytes = kBlockN * kHeadDim * int(sizeof(Element));  // a K stage
-  static constexpr int kTileVBytes = kBlockN * kHeadDimV * int(sizeof(Element));
-  static constexpr int kTileOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
-  // Two Q buffers where they fit beside O's: the next tile's Q loads while this tile's last key
-  // tiles are still being multiplied, not only once its last S product is done.
-  static constexpr int kQStages =
-      2 * kTileQBytes + kStages * (kTileKVBytes + kTileVBytes) + kTileOBytes + 1024 <= 227 * 1024 ? 2 : 1;
-  using SmemLayoutQ = decltype(tile_to_shape(AtomOf<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(AtomOf<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(AtomOf<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = decltype(tile_to_shape(AtomOf<kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   using SmemLayoutVt = decltype(composition(
@@ -96,11 +88,15 @@ struct FwdTraitsSm90 {
   using GmemShape = TmaGmemShape;
   using GmemLayout = Layout<GmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>;
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{})));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{})));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{})));
 
-  static constexpr int kOffsetK = kQStages * kTileQBytes;
+  static constexpr int kTileQBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileKVBytes = kBlockN * kHeadDim * int(sizeof(Element));  // a K stage
+  static constexpr int kTileVBytes = kBlockN * kHeadDimV * int(sizeof(Element));
+  static constexpr int kTileOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr int kOffsetK = kTileQBytes;
   static constexpr int kOffsetV = kOffsetK + kStages * kTileKVBytes;
   static constexpr int kOffsetO = kOffsetV + kStages * kTileVBytes;
   // O goes out through a buffer of its own where one fits (16-byte stores); otherwise straight from
@@ -130,7 +126,7 @@ FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
   auto q = tma_gmem_view<Element>(p.q, p.q_rows, p.d_qk, p.heads_q, entries, p.q_row, p.q_head, p.q_batch);
   auto k = tma_gmem_view<Element>(p.k, p.k_rows, p.d_qk, heads_kv, entries, p.k_row, p.k_head, p.k_batch);
   auto v = tma_gmem_view<Element>(p.v, p.k_rows, p.d_v, heads_kv, entries, p.v_row, p.v_head, p.v_batch);
-  return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename T::SmemLayoutQ{})),
+  return {make_tma_copy(SM90_TMA_LOAD{}, q, typename T::SmemLayoutQ{}),
           make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename T::SmemLayoutKV{})),
           make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename T::SmemLayoutV{})),
           q.shape(), k.shape(), v.shape()};
@@ -138,7 +134,7 @@ FwdTmaSm90<T> make_fwd_tma(const FwdParams& p, int batch) {
 
 // The producer thread's loads for one tile with keys, in the order the consumers use them, over
 // the key tiles the tile visits (from the top down): K[top], Q, then K[next] beside V[n], and the
-// last visited V last. q_loads counts the Q loads before this one (its buffer and barriers' phase).
+// last visited V last. q_loads counts the Q loads before this one (the phase of Q's barriers).
 template <class T, bool kVariant, class SQ, class SK, class SV>
 __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm90<T>& tma, const FwdTile& g, SQ& sQ,
                                               SK& sK, SV& sV,
@@ -159,7 +155,7 @@ __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm
   auto ck = tma.k.get_slice(_0{});
   auto cv = tma.v.get_slice(_0{});
   Tensor tQg = cq.partition_S(gQ);
-  Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, Q buffers)
+  Tensor tQs = cq.partition_D(sQ);
   Tensor tKg = ck.partition_S(gK);  // (TMA, _1, _1, key tiles)
   Tensor tKs = ck.partition_D(sK);  // (TMA, _1, _1, stages)
   Tensor tVg = cv.partition_S(gV);
@@ -176,10 +172,9 @@ __device__ __forceinline__ void fwd_sm90_load(const FwdParams& p, const FwdTmaSm
 
   Visit t = g.next<T::kBlockN, kVariant>(p, g.n_max);
   load_k(t.n);
-  const int qb = q_loads % T::kQStages, q_round = q_loads / T::kQStages;
-  if (q_round > 0) bars.q_empty[qb].wait((q_round - 1) & 1);
-  bars.q_full[qb].arrive_and_expect_tx(T::kTileQBytes);
-  copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.q_full[qb]), 0), tQg, tQs(_, _, _, qb));
+  if (q_loads > 0) bars.q_empty.wait((q_loads - 1) & 1);
+  bars.q_full.arrive_and_expect_tx(T::kTileQBytes);
+  copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.q_full), 0), tQg, tQs);
   for (Visit next = g.next<T::kBlockN, kVariant>(p, t.n); next.n >= g.n_min;
        t = next, next = g.next<T::kBlockN, kVariant>(p, t.n)) {
     const auto sv = st;
@@ -207,13 +202,12 @@ __device__ __forceinline__ void zero_v_rows(SV&& sV, int first, int tw, int wg) 
 
 // One consumer warpgroup's work on a tile with keys: O (unnormalized) in acc_o and the row
 // statistics in softmax. Key tiles are visited from the last to the first (those the tile visits);
-// only tiles the mask cuts pay for masking. st is the pipelines' read state; q_loads the tiles with
-// keys before this one (Q's buffer and its barriers' phase).
+// only tiles the mask cuts pay for masking. st is the pipelines' read state; q_phase the phase of Q's barrier.
 template <class T, bool kMods, bool kVariant, class SQ, class SK, class SV, class SVt, class AccO, class Softmax>
 __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& g, SQ& sQ, SK& sK, SV& sV, SVt& sVt,
                                              typename T::Pipeline& pk, typename T::Pipeline& pv,
                                              cutlass::PipelineState<T::kStages>& st,
-                                             FwdBarriersSm90<T::kStages>& bars, int q_loads, AccO& acc_o,
+                                             FwdBarriersSm90<T::kStages>& bars, int q_phase, AccO& acc_o,
                                              Softmax& softmax, int tc) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
@@ -222,9 +216,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   typename T::MmaO mma_o;
   auto ts = mma_s.get_thread_slice(tc);
   auto to = mma_o.get_thread_slice(tc);
-  const int qb = q_loads % T::kQStages;
-  Tensor dQs = ts.partition_fragment_A(sQ);  // descriptors, per Q buffer
-  Tensor dQ = dQs(_, _, _, qb);
+  Tensor dQ = ts.partition_fragment_A(sQ);  // descriptors
   Tensor dK = ts.partition_fragment_B(sK);
   Tensor dVt = to.partition_fragment_B(sVt);
   Tensor cS = ts.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -269,7 +261,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   const int top = t.n;
   // Varlen: the last tile's rows past the sequence come from the next one (see zero_v_rows).
   const int v_past_end = p.cu_k != nullptr ? g.sk - top * kBlockN : kBlockN;
-  bars.q_full[qb].wait((q_loads / T::kQStages) & 1);
+  bars.q_full.wait(q_phase);
   pk.consumer_wait(st);
   gemm_wg<true>(mma_s, dQ, dK(_, _, _, st.index()), acc_s);
   warpgroup_wait<0>();
@@ -298,7 +290,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     if (grow) softmax.rescale(acc_o_rc, corr);
     convert_into(acc_s, rP);
   }
-  bars.q_empty[qb].arrive();  // the last S product has completed
+  bars.q_empty.arrive();  // the last S product has completed
   pv.consumer_wait(st);
   if (t.n == top && v_past_end < kBlockN) zero_v_rows<T>(sV(_, _, st.index()), v_past_end, tw, wg);
   gemm_wg<false>(mma_o, rP_a, dVt(_, _, _, st.index()), acc_o);
