@@ -1,5 +1,6 @@
 """bench/train_e2e.py --tiny, bench/overhead.py and bench/block_sparse.py on a few CPU calls: the scripts' whole paths (models,
-every CPU implementation, timing, the JSON record) in seconds, so the GPU runs do not find a broken script."""
+every CPU implementation, timing, the JSON record) in seconds, so the GPU runs do not find a broken script; and
+bench/ncu_stalls.py on a small source page of ncu's format."""
 
 import json
 import os
@@ -13,10 +14,10 @@ pytest.importorskip("torch")
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 
 
-def _run(script, *args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, os.path.join(BENCH, script), *args], check=True, env=env, timeout=600,
-                   capture_output=True)
+def _run(script, *args, **env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    return subprocess.run([sys.executable, os.path.join(BENCH, script), *args], check=True, env=env, timeout=600,
+                          capture_output=True, text=True)
 
 
 def test_train_e2e_tiny(tmp_path):
@@ -33,8 +34,11 @@ def test_train_e2e_tiny(tmp_path):
 
 def test_overhead_record(tmp_path):
     out = tmp_path / "overhead.json"
-    _run("overhead.py", "--device", "cpu", "--calls", "20", "--shape", "1,4,2,16", "--out", str(out))
-    rows = json.loads(out.read_text())["rows"]
+    _run("overhead.py", "--device", "cpu", "--calls", "20", "--shape", "1,4,2,16", "--out", str(out),
+         TILEATTN_COMMIT="abc1234")
+    record = json.loads(out.read_text())
+    assert record["commit"] == "abc1234"  # the caller's commit before the checkout's
+    rows = record["rows"]
     assert {(r["impl"], r["pass"]) for r in rows} >= {("tileattn", "fwd"), ("torch-sdpa", "fwd"),
                                                     ("tileattn", "fwd+bwd"), ("torch-sdpa", "fwd+bwd")}
     assert all(r["grid"] == "overhead" and r["us"] > 0 for r in rows)
@@ -52,3 +56,15 @@ def test_block_sparse_record(tmp_path):
     assert {(r["impl"], r["pass"]) for r in rows} == {(i, p) for i in ("tileattn", "tileattn-dense")
                                                     for p in ("fwd", "bwd")}
     assert all(r["grid"] == "block_sparse" and r["ms"] > 0 and "error" not in r for r in rows)
+
+
+def test_ncu_stalls_reads_a_source_page(tmp_path):
+    page = tmp_path / "source.csv"
+    page.write_text('"Kernel: k"\n'
+                    '"Address","Source","Warp Stall Sampling (All Samples)","stall_wait","stall_barrier",'
+                    '"stall_Not Issued"\n'
+                    '"0x10","HGMMA.64x128x16.F32.BF16","10","4","6","1"\n'
+                    '"0x20","BAR.SYNC.DEFER_BLOCKING 0x0","30","0","30","0"\n')
+    out = _run("ncu_stalls.py", str(page), "--top", "1").stdout
+    assert "samples: 40" in out and "barrier" in out and "90.0%" in out
+    assert "BAR.SYNC" in out and "HGMMA" not in out.split("top 1 instructions:")[1]
