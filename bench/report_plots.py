@@ -1,5 +1,13 @@
-"""PNG plots of a report.py record: TFLOP/s against seqlen (one panel per head dim and mask) for each
-forward/backward grid, bandwidth per decode row, and extra device memory against seqlen (log scale)."""
+"""PNG plots of a benchmark record: TFLOP/s against seqlen (one panel per head dim and mask) for each
+forward/backward grid, bandwidth per decode row, extra device memory against seqlen (log scale), and
+for a train_e2e.py record the training throughput and peak memory per model.
+
+    python3 bench/report_plots.py RECORD.json [--stem STEM]   (writes STEM-GRID.png; STEM defaults
+                                                              to the record's path without .json)
+"""
+
+import argparse
+import json
 
 import matplotlib
 
@@ -9,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {"tileattn": dict(color="C3", marker="o", linewidth=2.2), "torch-flash": dict(color="C0", marker="s"),
          "torch-cudnn": dict(color="C2", marker="^"), "torch-efficient": dict(color="C1", marker="v"),
          "torch-math": dict(color="C7", marker="x"), "torch-cpu": dict(color="C0", marker="s")}
+LABEL = {"torch-cudnn": "SDPA cuDNN", "torch-flash": "SDPA flash (FA2)", "torch-math": "standard (math)"}
 
 
 def impls_of(rows):
@@ -117,15 +126,63 @@ def memory(doc, path):
     plt.close(fig)
 
 
+def e2e(doc, grid, path):
+    """Training throughput (tokens/s) and peak memory per (model, seqlen), one bar per implementation;
+    a run that ran out of memory is marked OOM."""
+    rows = [x for x in doc["rows"] if x["grid"] == grid]
+    cases = list(dict.fromkeys((x["model"], x["seqlen"]) for x in rows))
+    impls = impls_of(rows)
+    width = 0.8 / len(impls)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.3 * len(cases) + 2), 7.2), sharex=True)
+    for ax, key, label in ((axes[0], "tokens_per_s", "tokens/s (thousands)"), (axes[1], "peak_gib", "peak memory (GiB)")):
+        for k, impl in enumerate(impls):
+            at = {(x["model"], x["seqlen"]): x for x in rows if x["impl"] == impl}
+            for c, case in enumerate(cases):
+                x = at.get(case)
+                if x is None:
+                    continue
+                pos = c - 0.4 + width * (k + 0.5)
+                value = x.get(key)
+                if value is None:
+                    ax.text(pos, 0, "OOM" if "memory" in str(x.get("error", "")) else "n/a", rotation=90,
+                            ha="center", va="bottom", fontsize=7, color=STYLE.get(impl, {}).get("color"))
+                    continue
+                ax.bar(pos, value / 1000 if key == "tokens_per_s" else value, width,
+                       color=STYLE.get(impl, {}).get("color"), label=LABEL.get(impl, impl) if c == 0 else None)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_title(f"training step, bf16 autocast, {rows[0]['batch'] * rows[0]['seqlen']} tokens a step", fontsize=10)
+    axes[1].set_xticks(range(len(cases)), [f"{m}\n{s // 1024}k tokens" for m, s in cases], fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=len(impls), fontsize=8)
+    fig.tight_layout(rect=(0, footnote(fig, rows, doc, "step_ms"), 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def draw(doc, stem):
     """Draws every plot the record has data for; returns the paths written."""
     paths = []
     grids = list(dict.fromkeys(x["grid"] for x in doc["rows"]))
     for grid in grids:
         path = f"{stem}-{grid}.png"
-        (decode if grid.endswith("decode") else throughput)(doc, grid, path)
+        (decode if grid.endswith("decode") else e2e if grid == "e2e" else throughput)(doc, grid, path)
         paths.append(path)
-    if doc["memory"]:
+    if doc.get("memory"):
         memory(doc, f"{stem}-memory.png")
         paths.append(f"{stem}-memory.png")
     return paths
+
+
+def main():
+    ap = argparse.ArgumentParser(description="PNG plots of a benchmark record")
+    ap.add_argument("record")
+    ap.add_argument("--stem", help="output path without -GRID.png (default: the record's path without .json)")
+    args = ap.parse_args()
+    with open(args.record) as f:
+        doc = json.load(f)
+    for path in draw(doc, args.stem or args.record.removesuffix(".json")):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 every CPU implementation, timing, the JSON record) in seconds, so the GPU runs do not find a broken script; and
 bench/ncu_stalls.py on a small source page of ncu's format."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +31,9 @@ def test_train_e2e_tiny(tmp_path):
     # Same weights, same tokens: the implementations agree on the loss.
     losses = [r["loss"] for r in rows]
     assert max(losses) - min(losses) < 1e-3, losses
+    if importlib.util.find_spec("matplotlib"):
+        _run("report_plots.py", str(out), "--stem", str(tmp_path / "plot"))
+        assert (tmp_path / "plot-e2e.png").stat().st_size > 0
 
 
 def test_overhead_record(tmp_path):
