@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import tileattn
 from tileattn import distributed as cp
+from record_commit import record_commit
 
 HEADS_Q, HEADS_KV, HDIM = 32, 8, 128
 
@@ -44,7 +45,7 @@ def parse():
                     help="how PyTorch's context_parallel passes K/V shards (its default: allgather)")
     ap.add_argument("--all-gather", action="store_true", help="also time all_gather_attention (impl "
                     "tileattn-allgather) on more than one GPU")
-    ap.add_argument("--commit", default=os.environ.get("TILEATTN_COMMIT", "unknown"))
+    ap.add_argument("--commit", help="the commit the record names (default: bench/record_commit.py's)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors over gloo, tiny sizes, fp32")
     return ap.parse_args()
 
@@ -242,7 +243,7 @@ def main():
     if setup.rank == 0:
         efficiency(rows)
         name = torch.cuda.get_device_name() if setup.cuda else "cpu (gloo smoke run)"
-        record = {"device": name, "date": datetime.date.today().isoformat(), "commit": args.commit, "ceilings": {},
+        record = {"device": name, "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(), "ceilings": {},
                   "rows": rows}
         if args.out:
             with open(args.out, "w") as f:

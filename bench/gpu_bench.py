@@ -4,7 +4,7 @@
 the same inputs' layout. A peer's backward is timed as torch.autograd.grad of its own forward's
 output; FLOPs of the backward are 2.5x the forward's.
 
-    gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json --commit SHA [--quick] [--backward]
+    gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json [--commit SHA] [--quick] [--backward]
                  [--sections mha,gqa,dv,fp16] [--hdims 64,128]
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
@@ -31,6 +31,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from record_commit import record_commit
 
 TOKENS, WIDTH = 16384, 2048
 HDIMS = (64, 128, 256)
@@ -149,7 +151,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True, help="path of the tileattn_gpu_bench program")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", help="the commit the record names (default: bench/record_commit.py's)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="seqlen 512 and 2048 only")
     ap.add_argument("--backward", action="store_true", help="the backward grid")
@@ -176,7 +178,7 @@ def main():
             records += [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
         records += peer_rows(r, args.iters, args.backward)
 
-    doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
+    doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(),
            "ceilings": ceilings(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": records}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
