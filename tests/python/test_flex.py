@@ -87,7 +87,7 @@ def test_dense_mask_numpy_matches_oracle(varlen):
     sq, sk = max(lens_q), max(lens_k)
     rows, cols = (sq + 3, sk + 2) if varlen else (sq, sk)
     mask = (rng.random((2, 1, cols, rows)) < 0.6).transpose(0, 1, 3, 2)  # [b, 1, rows, cols], stored transposed
-    mask[0, 0, 1] = False  # a row that sees nothing in partial blocks
+    mask[0, 0, rows // 2] = False  # a row that sees nothing in partial blocks (any row count, 1 included)
     state, lists = random_block_mask(rng, 2, hq, sq, sk, bq, bk, density=0.7)
     ins = [rng.standard_normal(shape).astype(np.float32) for shape in
            ((sum(lens_q), hq, d), (sum(lens_k), hk, d), (sum(lens_k), hk, d), (sum(lens_q), hq, d))]
