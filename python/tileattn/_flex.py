@@ -28,24 +28,45 @@ def _prefix(fn, prefix_len):
     return _checks.integer(fn, "prefix_len", prefix_len), None
 
 
-def _options(like, chunk_size, prefix_len=0, **opts):
+def _options(fn, like, chunk_size, prefix_len=0, **opts):
     o = _functional.options(like, **opts)
-    o.chunk_size = int(chunk_size)
+    o.chunk_size = _checks.integer(fn, "chunk_size", chunk_size)
     o.prefix_len = prefix_len
     return o
+
+
+def _block_size(fn, block_size):
+    """(block_q, block_k) from an int or a pair of ints."""
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise TypeError(f"tileattn.{fn}: block_size = {block_size!r}, expected an int or a pair "
+                            "(block_q, block_k)")
+        return _checks.integer(fn, "block_size[0]", block_size[0]), _checks.integer(fn, "block_size[1]", block_size[1])
+    size = _checks.integer(fn, "block_size", block_size)
+    return size, size
+
+
+def _documents(fn, document_ids):
+    """(queries', keys') from one document id array for both or a pair."""
+    if not isinstance(document_ids, (tuple, list)):
+        return document_ids, document_ids
+    if len(document_ids) != 2:
+        raise TypeError(f"tileattn.{fn}: document_ids is a {type(document_ids).__name__} of {len(document_ids)}, "
+                        "expected one array or a pair (queries', keys')")
+    return tuple(document_ids)
 
 
 def _nat(x):
     return None if x is None else native(x)
 
 
-def _mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
+def _mask_args(fn, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
                prefix_lens=None, mask=None):
-    block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
-    docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
+    block_q, block_k = _block_size(fn, block_size)
+    docs_q, docs_k = _documents(fn, document_ids)
     return dict(kv_num_blocks=_nat(kv_num_blocks), kv_indices=_nat(kv_indices),
                 full_kv_num_blocks=_nat(full_kv_num_blocks), full_kv_indices=_nat(full_kv_indices),
-                mask=_nat(mask), block_q=int(block_q), block_k=int(block_k), document_ids_q=_nat(docs_q),
+                mask=_nat(mask), block_q=block_q, block_k=block_k, document_ids_q=_nat(docs_q),
                 document_ids_k=_nat(docs_k), prefix_lens=_nat(prefix_lens))
 
 
@@ -73,14 +94,14 @@ def block_sparse_forward(q, k, v, kv_num_blocks=None, kv_indices=None, full_kv_n
     only, and only with a block mask. Without a block mask (kv_num_blocks None): dense attention
     under the element rules. Returns (out, lse)."""
     prefix, prefix_lens = _prefix("block_sparse_forward", prefix_len)
-    o = _options(q, chunk_size, prefix, **opts)
+    o = _options("block_sparse_forward", q, chunk_size, prefix, **opts)
     out = empty(q, tuple(q.shape[:-1]) + tuple(v.shape[-1:]))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     lse = empty(q, (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1]), "float32")
     _C.forward_block_sparse(
         native(q), native(k), native(v), native(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        alibi_slopes, **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size,
-                                   document_ids, prefix_lens, mask), options=o)
+        alibi_slopes, **_mask_args("block_sparse_forward", kv_num_blocks, kv_indices, full_kv_num_blocks,
+                                   full_kv_indices, block_size, document_ids, prefix_lens, mask), options=o)
     if _log.enabled:
         _log.call("forward", q, k, varlen, o, *_features(kv_num_blocks, document_ids, mask))
     return out, lse
@@ -92,13 +113,13 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
                           prefix_len=0, mask=None, **opts):
     """The backward of block_sparse_forward, with the same mask and options. Returns (dq, dk, dv)."""
     prefix, prefix_lens = _prefix("block_sparse_backward", prefix_len)
-    o = _options(q, chunk_size, prefix, **opts)
+    o = _options("block_sparse_backward", q, chunk_size, prefix, **opts)
     dq, dk, dv = empty(q, q.shape), empty(k, k.shape), empty(v, v.shape)
     _C.backward_block_sparse(
         native(q), native(k), native(v), native(out), native(dout), lse, native(dq), native(dk), native(dv),
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-        **_mask_args(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_size, document_ids,
-                     prefix_lens, mask), options=o)
+        **_mask_args("block_sparse_backward", kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+                     block_size, document_ids, prefix_lens, mask), options=o)
     if _log.enabled:
         _log.call("backward", q, k, cu_seqlens_q is not None, o, *_features(kv_num_blocks, document_ids, mask))
     return dq, dk, dv
@@ -140,6 +161,9 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     from . import _torch_ops
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
     m = block_mask
+    if m is not None and not all(hasattr(m, a) for a in ("BLOCK_SIZE", "kv_num_blocks", "kv_indices")):
+        raise TypeError(f"tileattn.flex_attention: block_mask is a {type(m).__module__}.{type(m).__qualname__}; "
+                        "expected a torch.nn.attention.flex_attention.BlockMask or None")
     block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
     lists = (None,) * 4 if m is None else (m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices)
     dims = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
@@ -153,11 +177,13 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     if mask is not None and m is None:
         lists = _dense_mask.block_lists(mask, block_q, block_k)
         check_device_indices = False
-    docs_q, docs_k = document_ids if isinstance(document_ids, (tuple, list)) else (document_ids, document_ids)
-    prefix, prefix_lens = _prefix("flex_attention", prefix_len)
+    fn = "flex_attention"
+    docs_q, docs_k = _documents(fn, document_ids)
+    prefix, prefix_lens = _prefix(fn, prefix_len)
+    left, right = _checks.window(fn, window_size, causal)
     out, lse = _torch_ops.flex(
         q, k, v, *lists, docs_q, docs_k, prefix_lens, mask, int(block_q), int(block_k), alibi_slopes,
-        None if scale is None else float(scale), bool(causal),
-        bool(top_left), int(window_size[0]), -1 if causal else int(window_size[1]), int(chunk_size), prefix,
-        float(softcap), _config.backend, bool(check_device_indices))
+        None if scale is None else _checks.number(fn, "scale", scale), bool(causal), bool(top_left), left, right,
+        _checks.integer(fn, "chunk_size", chunk_size), prefix, _checks.number(fn, "softcap", softcap), _config.backend,
+        bool(check_device_indices))
     return (out, lse) if return_lse else out

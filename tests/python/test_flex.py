@@ -72,6 +72,26 @@ def test_block_sparse_errors_name_the_argument():
         tileattn.block_sparse_forward(q, q, q, num, idx, block_size=(24, 16), backend="cpu_flash")
 
 
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(block_size=1.5), TypeError, r"block_size = 1.5 is a float, expected an int"),
+    (dict(block_size="16"), TypeError, r"block_size = '16' is a str, expected an int"),
+    (dict(block_size=(16, 16, 16)), TypeError, r"block_size = \(16, 16, 16\), expected an int or a pair"),
+    (dict(block_size=(16, 2**31)), tileattn.Error, r"block_size\[1\] = 2147483648 is outside"),
+    (dict(chunk_size=1.5), TypeError, r"chunk_size = 1.5 is a float"),
+    (dict(chunk_size=2**31), tileattn.Error, r"chunk_size = 2147483648 is outside"),
+    (dict(document_ids=(None,) * 3), TypeError, r"document_ids is a tuple of 3, expected one array or a pair"),
+])
+@pytest.mark.parametrize("fn", ["block_sparse_forward", "block_sparse_backward"])
+def test_block_sparse_python_arguments_name_themselves(fn, kw, error, match):
+    """Arguments the native module cannot even take (a float or an out-of-range int, a tuple of the
+    wrong length) get an error naming them, never a truncation or nanobind's generic message."""
+    q = np.zeros((1, 40, 2, 16), np.float32)
+    num, idx = np.ones((1, 2, 3), np.int32), np.zeros((1, 2, 3, 1), np.int32)
+    args = (q, q, q) if fn == "block_sparse_forward" else (q, q, q, q, q, np.zeros((1, 2, 40), np.float32))
+    with pytest.raises(error, match=f"tileattn.{fn}: {match}"):
+        getattr(tileattn, fn)(*args, num, idx, backend="cpu_flash", **kw)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_dense_mask_numpy_matches_oracle(varlen):
     """block_sparse_forward/backward with a dense bool mask in the partial blocks: random bits, rows
@@ -365,6 +385,22 @@ def test_flex_attention_dense_mask_compiles_and_errors():
         tileattn.flex_attention(q, k, v, mask=mask[:3])
     with pytest.raises(ValueError, match="the string form is \"mask_mod\""):
         tileattn.flex_attention(q, k, v, mask="mask_mod")
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(block_mask="causal"), TypeError, r"block_mask is a builtins.str; expected a torch.nn.attention"),
+    (dict(window_size=(1, 2, 3)), TypeError, r"window_size = \(1, 2, 3\), expected a pair"),
+    (dict(window_size=(2**31, 0)), tileattn.Error, r"window_size\[0\] = 2147483648 is outside"),
+    (dict(chunk_size=2.5), TypeError, r"chunk_size = 2.5 is a float"),
+    (dict(scale="x"), TypeError, r"scale = 'x' is a str, expected a number"),
+    (dict(softcap="x"), TypeError, r"softcap = 'x' is a str, expected a number"),
+    (dict(document_ids=(None,) * 3), TypeError, r"document_ids is a tuple of 3"),
+])
+def test_flex_attention_arguments_name_themselves(kw, error, match):
+    torch, _ = _flex()
+    q = torch.randn(1, 2, 32, 16)
+    with pytest.raises(error, match=f"tileattn.flex_attention: {match}"):
+        tileattn.flex_attention(q, q, q, **kw)
 
 
 @pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "dense-mask"])
