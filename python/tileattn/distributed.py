@@ -27,7 +27,7 @@ import collections
 import torch
 import torch.distributed as dist
 
-from . import _config, _functional
+from . import _checks, _config, _functional
 from ._arrays import contiguous_last
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -91,9 +91,9 @@ def _chunks(layout, rank, world, n):
     return [_Chunk(0, rank * c, c), _Chunk(c, (2 * world - 1 - rank) * c, c)]
 
 
-def _band(causal, window_size):
+def _band(fn, causal, window_size):
     """The global mask as lo <= key position - query position <= hi (None: unbounded)."""
-    left, right = int(window_size[0]), int(window_size[1])
+    left, right = _checks.window(f"distributed.{fn}", window_size, causal)
     lo = None if left < 0 else -left
     hi = 0 if causal else (None if right < 0 else right)
     return lo, hi
@@ -354,9 +354,11 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _opts(softmax_scale, softcap):
+def _opts(fn, softmax_scale, softcap):
     """The library options every call of one attention shares (each call adds its window)."""
-    return dict(scale=softmax_scale, softcap=float(softcap), backend=_config.backend)
+    fn = f"distributed.{fn}"
+    return dict(scale=_checks.scale(fn, softmax_scale), softcap=_checks.number(fn, "softcap", softcap),
+                backend=_config.backend)
 
 
 def _check_qkv(what, q, k, v, ndim):
@@ -386,13 +388,13 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     ring = _Ring(group)
     n = q.shape[1]
     _pieces(layout, ring.world, n * ring.world, "the sequence (local_seqlen * world size)")
-    lo, hi = _band(causal, window_size)
+    lo, hi = _band("ring_attention", causal, window_size)
     alibi = alibi_slopes is not None
     plan = _ring_plan(layout, ring.rank, ring.world, n, lo, hi, alibi)
     # The ring sends k and v whole: P2P takes contiguous tensors.
     q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
     out, lse = _RingAttention.apply(q, k, v, ring, plan,
-                                     dict(_opts(softmax_scale, softcap), alibi_slopes=alibi_slopes))
+                                     dict(_opts("ring_attention", softmax_scale, softcap), alibi_slopes=alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -587,7 +589,7 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     _check_qkv("all_gather_attention", q, k, v, 3 if varlen else 4)
     _check_layout(layout)
     ring = _Ring(group)
-    lo, hi = _band(causal, window_size)
+    lo, hi = _band("all_gather_attention", causal, window_size)
     if varlen:
         n = q.shape[0]
         _pieces(layout, ring.world, n * ring.world, "the packed sequence (local tokens * world size)")
@@ -611,7 +613,8 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     if not varlen:
         q = q.reshape((-1,) + tuple(q.shape[2:]))  # batch element b's rows after those of b - 1
     varlens = [_Varlen(g, q.shape[0], q.shape[0] * ring.world, alibi_slopes, q.device) for g in groups]
-    out, lse = _GatherAttention.apply(q, k, v, ring, layout, varlens, _opts(softmax_scale, softcap))
+    opts = _opts("all_gather_attention", softmax_scale, softcap)
+    out, lse = _GatherAttention.apply(q, k, v, ring, layout, varlens, opts)
     if not varlen:
         out = out.view(batch, n, *out.shape[1:])
         lse = lse.view(lse.shape[0], batch, n).transpose(0, 1).contiguous()

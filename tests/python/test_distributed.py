@@ -177,12 +177,14 @@ def _run_errors(rank, world):
                                                                                              dtype=torch.int32)),
         "shapes": lambda: cp.ring_attention(q, q[:, :4], q),
         "group": lambda: cp.ring_attention(q, q, q, group=first),
+        "window": lambda: cp.ring_attention(q, q, q, window_size=(1.5, 0)),
+        "softcap": lambda: cp.all_gather_attention(q, q, q, softcap="x"),
     }
     for name, call in calls.items():
         try:
             call()
             results[name] = "no error"
-        except (ValueError, NotImplementedError) as e:
+        except (TypeError, ValueError, NotImplementedError) as e:
             results[name] = f"{type(e).__name__}: {e}"
     return results
 
@@ -263,6 +265,8 @@ def test_bad_calls_raise_on_every_rank(runs, world):
         assert e["cu_seqlens"].startswith("ValueError") and "cu_seqlens" in e["cu_seqlens"]
         assert e["shapes"].startswith("ValueError"), e["shapes"]
         assert e["group"] == "no error" if rank == 0 else "not a member" in e["group"], e["group"]
+        assert e["window"].startswith("TypeError") and "window_size[0] = 1.5 is a float" in e["window"], e["window"]
+        assert e["softcap"].startswith("TypeError") and "softcap = 'x' is a str" in e["softcap"], e["softcap"]
 
 
 def test_shard_unshard_round_trip():
