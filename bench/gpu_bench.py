@@ -19,6 +19,11 @@ says "kv_expanded").
 With --backward the grid also times tileattn's deterministic mode (impl "tileattn-deterministic",
 its own column), the cost of bitwise-reproducible gradients.
 
+--candidate PATH times a second build's timing program (a kernel change under trial) beside the
+first in every row, as impl "tileattn-candidate" ("tileattn-deterministic-candidate"), the two in
+alternating order row by row; the table gains its TFLOP/s and "cand/ours" (>= 1.0: the candidate is
+faster). A change is then judged against its baseline in one run, on one machine.
+
 Writes the DESIGN.md benchmark record and prints a table last: TFLOP/s of each implementation and
 tileattn's time ratio to the best peer (best peer time / tileattn time: >= 1.0 means at least as fast).
 """
@@ -157,6 +162,8 @@ def main():
     ap.add_argument("--backward", action="store_true", help="the backward grid")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     ap.add_argument("--hdims", default="", help="comma-separated Q/K head dims to keep (default: all)")
+    ap.add_argument("--candidate", help="a second build's tileattn_gpu_bench, timed beside --bench in every row")
+    ap.add_argument("--candidate-commit", help="the commit (or description) the candidate was built from")
     args = ap.parse_args()
     sections = args.sections.split(",")
     unknown = [x for x in sections if x not in SECTIONS]
@@ -170,16 +177,24 @@ def main():
     # Ours and the peers row by row, each row's implementations one after the other, so that all of
     # them meet the GPU in the same state (clocks, temperature) rather than ours first for the grid.
     modes = [["--backward"], ["--backward", "--deterministic"]] if args.backward else [[]]
+    builds = [(args.bench, "")] + ([(args.candidate, "-candidate")] if args.candidate else [])
     records = []
-    for r, spec in zip(rows, specs):
-        for mode in modes:
-            ours = subprocess.run([args.bench, "--iters", str(args.iters), "--dtype", r["dtype"]] + mode + [spec], check=True,
-                                  capture_output=True, text=True)
-            records += [json.loads(line) for line in ours.stdout.splitlines() if line.startswith("{")]
+    for i, (r, spec) in enumerate(zip(rows, specs)):
+        for program, suffix in builds[::-1] if i % 2 else builds:
+            for mode in modes:
+                ours = subprocess.run([program, "--iters", str(args.iters), "--dtype", r["dtype"]] + mode + [spec],
+                                      check=True, capture_output=True, text=True)
+                for line in ours.stdout.splitlines():
+                    if line.startswith("{"):
+                        rec = json.loads(line)
+                        rec["impl"] += suffix
+                        records.append(rec)
         records += peer_rows(r, args.iters, args.backward)
 
     doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(),
            "ceilings": ceilings(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": records}
+    if args.candidate:
+        doc["candidate_commit"] = args.candidate_commit or "unknown"
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 
@@ -194,8 +209,10 @@ def main():
     else:
         print("extra device memory per call: workspace 0 B, lse only (lse_bytes per row in the JSON)")
     det = " determ." if args.backward else ""
-    print(f"{'dtype':>5} {'heads':>5} {'hdim':>7} {'seqlen':>6} {'causal':>6} | {'tileattn':>8} {'flash':>8} "
-          f"{'cudnn':>8}{det} | TFLOP/s | {'vs flash':>8} {'vs best':>8}{' det/ours' if args.backward else ''}")
+    cand = f" {'cand.':>8}" if args.candidate else ""
+    print(f"{'dtype':>5} {'heads':>5} {'hdim':>7} {'seqlen':>6} {'causal':>6} | {'tileattn':>8}{cand} {'flash':>8} "
+          f"{'cudnn':>8}{det} | TFLOP/s | {'vs flash':>8} {'vs best':>8}{' det/ours' if args.backward else ''}"
+          f"{' cand/ours' if args.candidate else ''}")
     for k in sorted(by):
         row = by[k]
         t = row.get("tileattn", {}).get("ms")
@@ -209,8 +226,11 @@ def main():
         hd = f"{k[3]}" if k[3] == k[4] else f"{k[3]}/{k[4]}"
         dm = row.get("tileattn-deterministic", {}).get("ms")
         det_vs = (f" {t / dm:8.3f}" if t and dm else f" {'-':>8}") if args.backward else ""
-        print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {str(k[6]):>6} | {tf('tileattn')} {tf('torch-flash')} "
-              f"{tf('torch-cudnn')}{det} |         | {vs_flash} {vs_best}{det_vs}")
+        cm = row.get("tileattn-candidate", {}).get("ms")
+        cand = f" {tf('tileattn-candidate')}" if args.candidate else ""
+        cand_vs = (f" {t / cm:9.3f}" if t and cm else f" {'-':>9}") if args.candidate else ""
+        print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {str(k[6]):>6} | {tf('tileattn')}{cand} "
+              f"{tf('torch-flash')} {tf('torch-cudnn')}{det} |         | {vs_flash} {vs_best}{det_vs}{cand_vs}")
 
 
 if __name__ == "__main__":

@@ -72,3 +72,44 @@ def test_ncu_stalls_reads_a_source_page(tmp_path):
     out = _run("ncu_stalls.py", str(page), "--top", "1").stdout
     assert "samples: 40" in out and "barrier" in out and "90.0%" in out
     assert "BAR.SYNC" in out and "HGMMA" not in out.split("top 1 instructions:")[1]
+
+
+def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, capsys):
+    """bench/gpu_bench.py's row loop with stand-in timing programs and no peers: the candidate build's
+    records carry their own impl names, the two builds swap order every row, and the table shows the
+    candidate's ratio."""
+    sys.path.insert(0, BENCH)
+    try:
+        import gpu_bench
+    finally:
+        sys.path.remove(BENCH)
+    calls = tmp_path / "calls.txt"
+    programs = []
+    for name, ms in (("base", 2.0), ("cand", 1.0)):
+        p = tmp_path / name
+        p.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write({name!r} + '\\n')\n"
+                     "impl = 'tileattn-deterministic' if '--deterministic' in sys.argv else 'tileattn'\n"
+                     "row = sys.argv[-1].split(':')\n"
+                     f"print(json.dumps({{'impl': impl, 'dtype': 'bf16', 'heads_q': 16, 'heads_kv': 16, 'hdim': 128, "
+                     f"'hdim_v': 128, 'seqlen_q': int(row[1]), 'causal': row[4] == '1', 'ms': {ms}, "
+                     "'tflops': 1.0}))\n")
+        p.chmod(0o755)
+        programs.append(str(p))
+    monkeypatch.setattr(gpu_bench, "peer_rows", lambda *a: [])
+    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
+    out = tmp_path / "bwd.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", programs[0], "--candidate", programs[1],
+                                      "--candidate-commit", "abc1234", "--out", str(out), "--backward", "--quick",
+                                      "--sections", "mha", "--hdims", "128", "--commit", "base123"])
+    gpu_bench.main()
+    record = json.loads(out.read_text())
+    assert record["commit"] == "base123" and record["candidate_commit"] == "abc1234"
+    impls = [r["impl"] for r in record["rows"]]
+    assert impls.count("tileattn") == impls.count("tileattn-candidate") == 4
+    assert impls.count("tileattn-deterministic-candidate") == 4
+    # Per row, each build runs both modes in turn; the first build alternates.
+    order = calls.read_text().split()
+    assert order == ["base", "base", "cand", "cand", "cand", "cand", "base", "base"] * 2
+    table = capsys.readouterr().out
+    assert "cand/ours" in table and "2.000" in table

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A second build, of this tree with a patch applied, that the benchmark steps time beside the first
+# in every row (bench/gpu_bench.py --candidate): a kernel change judged against its baseline in one
+# run. TILEATTN_CANDIDATE=PATCH (a diff against this tree, such as `git diff main topic`, as a path
+# relative to the tree or absolute); TILEATTN_CANDIDATE_COMMIT names it in the records. Built with
+# the build step's CMake arguments into $BUILD-candidate; skipped when TILEATTN_CANDIDATE is unset.
+set -euo pipefail
+[ -n "${TILEATTN_CANDIDATE:-}" ] || { echo "TILEATTN_CANDIDATE is unset: no candidate build"; exit 0; }
+patch_file=$(cd "$ROOT" && realpath "$TILEATTN_CANDIDATE")
+src="$BUILD-candidate-src"
+rm -rf "$src" && mkdir -p "$src"
+tar -C "$ROOT" --exclude='./build*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -C "$src" -xf -
+ln -s "$ROOT/.deps" "$src/.deps"
+# A repository of its own, so that git apply patches this copy whatever repository holds it.
+git -C "$src" init -q && git -C "$src" apply "$patch_file"
+echo "candidate: $TILEATTN_CANDIDATE ($(grep -c '^diff --git' "$patch_file") files) ${TILEATTN_CANDIDATE_COMMIT:-}" \
+  | tee -a "$OUT/summary.txt"
+# shellcheck disable=SC2086
+cmake -S "$src" -B "$BUILD-candidate" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTILEATTN_CUDA=ON \
+  -DTILEATTN_CUDA_RESOURCE_USAGE=ON $CMAKE_ARGS >"$OUT/build-candidate.log" 2>&1
+cmake --build "$BUILD-candidate" -j "$(nproc)" --target tileattn_gpu_bench >>"$OUT/build-candidate.log" 2>&1 \
+  || { tail -n 60 "$OUT/build-candidate.log"; exit 1; }
+grep -B1 -A0 "spill stores" "$OUT/build-candidate.log" | grep -v "0 bytes spill stores" | grep spill \
+  | sed 's/^ */candidate spills: /' | sort | uniq -c | head -n 20 | tee -a "$OUT/summary.txt" || true
