@@ -315,14 +315,20 @@ struct Named {
   const TensorView* t;
 };
 
-// The inputs of a forward or backward call with its block mask's tensors (absent ones are skipped).
-std::vector<Named> with_block_mask(std::initializer_list<Named> inputs, const BlockMask& m) {
-  std::vector<Named> all(inputs);
-  all.insert(all.end(), {{"block_mask.kv_num_blocks", &m.kv_num_blocks},
-                         {"block_mask.kv_indices", &m.kv_indices},
+// The inputs of a forward or backward call (ForwardArgs, BackwardArgs): q, k, v, the given extra
+// ones (the backward's out, dout, lse), then the sequence, mask and block mask tensors (absent ones
+// are skipped).
+template <class Args>
+std::vector<Named> attention_inputs(const Args& a, std::initializer_list<Named> extra) {
+  std::vector<Named> all{{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
+  all.insert(all.end(), extra);
+  const BlockMask& m = a.block_mask;
+  all.insert(all.end(), {{"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
+                         {"alibi_slopes", &a.alibi_slopes}, {"document_ids_q", &a.document_ids_q},
+                         {"document_ids_k", &a.document_ids_k}, {"prefix_lens", &a.prefix_lens},
+                         {"block_mask.kv_num_blocks", &m.kv_num_blocks}, {"block_mask.kv_indices", &m.kv_indices},
                          {"block_mask.full_kv_num_blocks", &m.full_kv_num_blocks},
-                         {"block_mask.full_kv_indices", &m.full_kv_indices},
-                         {"block_mask.mask", &m.mask}});
+                         {"block_mask.full_kv_indices", &m.full_kv_indices}, {"block_mask.mask", &m.mask}});
   return all;
 }
 
@@ -358,22 +364,24 @@ void check_outputs_disjoint(const char* fn, std::initializer_list<Named> outputs
   }
 }
 
-}  // namespace
-
-static Problem validate_forward(const ForwardArgs& a) {
-  const char* fn = "forward";
+// What a forward and a backward call share: q, k, v, out and lse with the sequences, the options,
+// the block mask, document ids and prefix lengths.
+template <class Args>
+Problem check_attention(const char* fn, const Args& a) {
   Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
                         a.alibi_slopes, a.options);
   check_block_mask(fn, a.block_mask, a.q.device, a.options.check_device_indices, p);
   check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
   check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
-  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}},
-                         with_block_mask({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
-                                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
-                                          {"prefix_lens", &a.prefix_lens}},
-                                         a.block_mask),
-                         a.options);
+  return p;
+}
+
+}  // namespace
+
+static Problem validate_forward(const ForwardArgs& a) {
+  const char* fn = "forward";
+  Problem p = check_attention(fn, a);
+  check_outputs_disjoint(fn, {{"out", &a.out}, {"lse", &a.lse}}, attention_inputs(a, {}), a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
     if (const std::string why = cuda::check_forward(p, a); !why.empty()) fail(fn, why);
@@ -384,23 +392,13 @@ static Problem validate_forward(const ForwardArgs& a) {
 static Problem validate_backward(const BackwardArgs& a) {
   const char* fn = "backward";
   if (!a.lse.present()) fail(fn, "lse is required: pass the forward's log-sum-exp");
-  Problem p = check_qkv(fn, Qkv{&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k},
-                        a.alibi_slopes, a.options);
-  check_block_mask(fn, a.block_mask, a.q.device, a.options.check_device_indices, p);
-  check_documents(fn, a.document_ids_q, a.document_ids_k, a.q.device, a.q.shape[0], a.k.shape[0], p);
-  check_prefix_lens(fn, a.prefix_lens, a.options, a.q.device, p);
+  Problem p = check_attention(fn, a);
   check_like(fn, "dout", a.dout, "out", a.out);
   check_like(fn, "dq", a.dq, "q", a.q);
   check_like(fn, "dk", a.dk, "k", a.k);
   check_like(fn, "dv", a.dv, "v", a.v);
   check_outputs_disjoint(fn, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
-                         with_block_mask({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout},
-                                          {"lse", &a.lse}, {"cu_seqlens_q", &a.cu_seqlens_q},
-                                          {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes},
-                                          {"document_ids_q", &a.document_ids_q}, {"document_ids_k", &a.document_ids_k},
-                                          {"prefix_lens", &a.prefix_lens}},
-                                         a.block_mask),
-                         a.options);
+                         attention_inputs(a, {{"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse}}), a.options);
 #if defined(TILEATTN_WITH_CUDA)
   if (p.backend == Backend::cuda)
     if (const std::string why = cuda::check_backward(p, a); !why.empty()) fail(fn, why);
