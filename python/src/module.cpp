@@ -182,6 +182,18 @@ void heads_first_to_core(std::initializer_list<TensorView*> views) {
     }
 }
 
+// The sequence fields and options that forward and backward arguments share.
+template <class Args>
+void set_sequences(const char* fn, Args& a, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
+                   const OptIn& alibi, const Options& o) {
+  a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
+  a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
+  a.max_seqlen_q = max_q;
+  a.max_seqlen_k = max_k;
+  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
+  a.options = o;
+}
+
 ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const Input& v, const Output& out,
                          const OptOut& lse, const OptIn& cu_q, const OptIn& cu_k, int max_q, int max_k,
                          const OptIn& alibi, const Options& o, bool heads_first = false) {
@@ -192,12 +204,7 @@ ForwardArgs forward_args(const char* fn, const Input& q, const Input& k, const I
   a.out = to_view(fn, "out", out);
   if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out});
   a.lse = to_view(fn, "lse", lse);
-  a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
-  a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
-  a.max_seqlen_q = max_q;
-  a.max_seqlen_k = max_k;
-  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
-  a.options = o;
+  set_sequences(fn, a, cu_q, cu_k, max_q, max_k, alibi, o);
   return a;
 }
 
@@ -216,12 +223,7 @@ BackwardArgs backward_args(const char* fn, const Input& q, const Input& k, const
   a.dk = to_view(fn, "dk", dk);
   a.dv = to_view(fn, "dv", dv);
   if (heads_first) heads_first_to_core({&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv});
-  a.cu_seqlens_q = to_view(fn, "cu_seqlens_q", cu_q);
-  a.cu_seqlens_k = to_view(fn, "cu_seqlens_k", cu_k);
-  a.max_seqlen_q = max_q;
-  a.max_seqlen_k = max_k;
-  a.alibi_slopes = to_view(fn, "alibi_slopes", alibi);
-  a.options = o;
+  set_sequences(fn, a, cu_q, cu_k, max_q, max_k, alibi, o);
   return a;
 }
 
