@@ -27,6 +27,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """query [..., heads_q, seq_q, d], key/value [..., heads_kv, seq_k, d] -> [..., heads_q, seq_q, d_v],
     contiguous. is_causal aligns to the top-left corner (PyTorch's convention: query i sees keys j <= i).
     heads_kv < heads_q needs enable_gqa=True. attn_mask: see the module's notes."""
+    if scale is not None and type(scale) is not float:  # named as SDPA names it, before flash_attn's checks
+        scale = _checks.number(_FN, "scale", scale)
     if attn_mask is None and _plain_torch(query, key, value) and query.ndim == 4 and key.ndim == 4 and \
             value.ndim == 4 and (enable_gqa or key.shape[1] == query.shape[1]):
         # The common call, with no more checks than the core's.

@@ -242,6 +242,8 @@ BAD_ARGUMENTS = [
     (lambda: tileattn.flash_attn_func(_q(), "k", _q()), TypeError, FA + "k is a builtins.str; expected a"),
     (lambda: tileattn.flash_attn_qkvpacked_func([1, 2]), TypeError, "flash_attn_qkvpacked_func: qkv is a builtins.list"),
     (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), softmax_scale="x"), TypeError, FA + "softmax_scale = 'x'"),
+    (lambda: tileattn.scaled_dot_product_attention(_q(), _q(), _q(), scale="x"), TypeError,
+     "tileattn.scaled_dot_product_attention: scale = 'x' is a str, expected a number"),
     (lambda: tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 2**31, 4),
      tileattn.Error, VL + "max_seqlen_q = 2147483648 is outside [0, 2147483647]"),
     (lambda: tileattn.flash_attn_varlen_func(t(4, 2, 16), t(4, 2, 16), t(4, 2, 16), i32(0, 4), i32(0, 4), 4, 4.0),
