@@ -393,8 +393,8 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     plan = _ring_plan(layout, ring.rank, ring.world, n, lo, hi, alibi)
     # The ring sends k and v whole: P2P takes contiguous tensors.
     q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
-    out, lse = _RingAttention.apply(q, k, v, ring, plan,
-                                     dict(_opts("ring_attention", softmax_scale, softcap), alibi_slopes=alibi_slopes))
+    opts = dict(_opts("ring_attention", softmax_scale, softcap), alibi_slopes=alibi_slopes)
+    out, lse = _RingAttention.apply(q, k, v, ring, plan, opts)
     return (out, lse) if return_lse else out
 
 

@@ -15,10 +15,5 @@ ln -s "$ROOT/.deps" "$src/.deps"
 git -C "$src" init -q && git -C "$src" apply "$patch_file"
 echo "candidate: $TILEATTN_CANDIDATE ($(grep -c '^diff --git' "$patch_file") files) ${TILEATTN_CANDIDATE_COMMIT:-}" \
   | tee -a "$OUT/summary.txt"
-# shellcheck disable=SC2086
-cmake -S "$src" -B "$BUILD-candidate" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTILEATTN_CUDA=ON \
-  -DTILEATTN_CUDA_RESOURCE_USAGE=ON $CMAKE_ARGS >"$OUT/build-candidate.log" 2>&1
-cmake --build "$BUILD-candidate" -j "$(nproc)" --target tileattn_gpu_bench >>"$OUT/build-candidate.log" 2>&1 \
-  || { tail -n 60 "$OUT/build-candidate.log"; exit 1; }
-grep -B1 -A0 "spill stores" "$OUT/build-candidate.log" | grep -v "0 bytes spill stores" | grep spill \
-  | sed 's/^ */candidate spills: /' | sort | uniq -c | head -n 20 | tee -a "$OUT/summary.txt" || true
+. "$ROOT/scripts/gpu/build_tree.sh"
+build_tree "$src" "$BUILD-candidate" "$OUT/build-candidate.log" "candidate spills" --target tileattn_gpu_bench
