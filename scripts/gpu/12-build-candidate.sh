@@ -11,9 +11,14 @@ src="$BUILD-candidate-src"
 rm -rf "$src" && mkdir -p "$src"
 tar -C "$ROOT" --exclude='./build*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -C "$src" -xf -
 ln -s "$ROOT/.deps" "$src/.deps"
+# tar keeps the files' times, so a build directory left by another patch would keep the objects of
+# files that patch changed and this one does not: start it afresh whenever the patch differs.
+stamp="$BUILD-candidate/candidate.sha256"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum <"$patch_file")" ]; then rm -rf "$BUILD-candidate"; fi
 # A repository of its own, so that git apply patches this copy whatever repository holds it.
 git -C "$src" init -q && git -C "$src" apply "$patch_file"
 echo "candidate: $TILEATTN_CANDIDATE ($(grep -c '^diff --git' "$patch_file") files) ${TILEATTN_CANDIDATE_COMMIT:-}" \
   | tee -a "$OUT/summary.txt"
 . "$ROOT/scripts/gpu/build_tree.sh"
 build_tree "$src" "$BUILD-candidate" "$OUT/build-candidate.log" "candidate spills" --target tileattn_gpu_bench
+sha256sum <"$patch_file" >"$stamp"
