@@ -45,6 +45,9 @@ def parse():
                     help="how PyTorch's context_parallel passes K/V shards (its default: allgather)")
     ap.add_argument("--all-gather", action="store_true", help="also time all_gather_attention (impl "
                     "tileattn-allgather) on more than one GPU")
+    ap.add_argument("--sm-margins", default="0", help="comma-separated sm_margin values the ring's forward calls are "
+                    "timed with on several GPUs (SMs the attention kernel leaves to the transfers; rows carry "
+                    "sm_margin)")
     ap.add_argument("--commit", help="the commit the record names (default: bench/record_commit.py's)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors over gloo, tiny sizes, fp32")
     return ap.parse_args()
@@ -116,7 +119,7 @@ def passes(call, q, k, v, dout):
     return {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
 
-def ours(setup, group, p, n, reps, variant="ring"):
+def ours(setup, group, p, n, reps, variant="ring", sm_margin=0):
     """tileattn on p ranks: the local call on one, ring_attention or all_gather_attention (zigzag) on
     more."""
     if setup.rank >= p:
@@ -131,7 +134,7 @@ def ours(setup, group, p, n, reps, variant="ring"):
         attention = cp.ring_attention if variant == "ring" else cp.all_gather_attention
 
         def call(q, k, v):
-            return attention(q, k, v, group, causal=True, layout="zigzag")
+            return attention(q, k, v, group, causal=True, layout="zigzag", sm_margin=sm_margin)
     q, k, v = (x.contiguous().requires_grad_() for x in (q, k, v))
     out = {name: timed(setup, group, fn, reps) for name, fn in passes(call, q, k, v, dout.contiguous()).items()}
     return out
@@ -224,12 +227,14 @@ def main():
                        efficiency=None, **{"pass": name})
             rows.append(dict(row, **extra))
 
+    margins = [int(m) for m in args.sm_margins.split(",")]
     for n in seqlens:
         for p in sizes:
-            times = ours(setup, groups[p], p, n, args.reps)
-            dist.barrier()
-            if setup.rank == 0:
-                add("tileattn", p, n, times)
+            for m in margins if p > 1 else [0]:
+                times = ours(setup, groups[p], p, n, args.reps, sm_margin=m)
+                dist.barrier()
+                if setup.rank == 0:
+                    add("tileattn", p, n, times, sm_margin=m)
             if args.all_gather and p > 1:
                 times = ours(setup, groups[p], p, n, args.reps, "all_gather")
                 dist.barrier()

@@ -48,6 +48,10 @@ struct Options {
   bool deterministic = false;                 // backward: bitwise reproducible gradients
   Backend backend = Backend::automatic;
   int num_splits = 0;                         // decode: KV splits; 0 = heuristic, 1 = no split
+  // cuda backend, forward: SMs the persistent Hopper kernel leaves free for kernels that run beside
+  // it, such as context parallelism's transfers, which otherwise find no SM until it ends; it keeps
+  // at least one. 0 = every SM. Kernels that are not persistent (backward, decode) ignore it.
+  int sm_margin = 0;
   // decode: copy device-resident cache_seqlens and page_table to the host and check them before
   // launch (one synchronization); forward and backward: the same for a device-resident block mask's
   // counts and indices. Turn off inside CUDA graph capture and hot loops; the kernels then clamp

@@ -91,6 +91,7 @@ class ScratchSizes {
     add(std::int64_t{o.window_right});
     add(std::int64_t{o.chunk_size});
     add(std::int64_t{o.num_splits});
+    add(std::int64_t{o.sm_margin});
     add(o.softcap);
     add(o.dropout_p);
   }
@@ -265,11 +266,12 @@ void bind_options(nb::module_& m) {
           "__init__",
           [](Options* o, std::optional<float> scale, bool causal, MaskAlign align, std::int64_t window_left,
              std::int64_t window_right, float softcap, float dropout_p, std::uint64_t seed, std::uint64_t offset,
-             bool deterministic, Backend backend, std::int64_t num_splits, bool check_device_indices,
-             std::uintptr_t stream) {
+             bool deterministic, Backend backend, std::int64_t num_splits, std::int64_t sm_margin,
+             bool check_device_indices, std::uintptr_t stream) {
             const int wl = to_int("Options", "window_left", window_left);
             const int wr = to_int("Options", "window_right", window_right);
             const int splits = to_int("Options", "num_splits", num_splits);
+            const int margin = to_int("Options", "sm_margin", sm_margin);
             new (o) Options();
             o->scale = scale;
             o->causal = causal;
@@ -283,13 +285,14 @@ void bind_options(nb::module_& m) {
             o->deterministic = deterministic;
             o->backend = backend;
             o->num_splits = splits;
+            o->sm_margin = margin;
             o->check_device_indices = check_device_indices;
             o->stream = reinterpret_cast<void*>(stream);
           },
           nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "align"_a = MaskAlign::bottom_right,
           "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.f, "dropout_p"_a = 0.f, "seed"_a = 0,
           "offset"_a = 0, "deterministic"_a = false, "backend"_a = Backend::automatic, "num_splits"_a = 0,
-          "check_device_indices"_a = true, "stream"_a = 0)
+          "sm_margin"_a = 0, "check_device_indices"_a = true, "stream"_a = 0)
       .def_rw("scale", &Options::scale)
       .def_rw("causal", &Options::causal)
       .def_rw("align", &Options::align)
@@ -302,6 +305,7 @@ void bind_options(nb::module_& m) {
       .def_rw("deterministic", &Options::deterministic)
       .def_rw("backend", &Options::backend)
       .def_rw("num_splits", &Options::num_splits)
+      .def_rw("sm_margin", &Options::sm_margin)
       .def_rw("check_device_indices", &Options::check_device_indices)
       .def_rw("check_residence", &Options::check_residence)
       .def_rw("alibi_diagonal", &Options::alibi_diagonal)

@@ -81,7 +81,7 @@ def scaled_dot_product_attention(query: _Array, key: _Array, value: _Array, attn
 
 # The C++ entry points with allocated outputs; keyword options as tileattn.Options' fields
 # (scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
-# deterministic, backend, num_splits, check_device_indices).
+# deterministic, backend, num_splits, sm_margin, check_device_indices, alibi_diagonal).
 def forward(q: _Array, k: _Array, v: _Array, *, cu_seqlens_q: Optional[_Array] = ...,
             cu_seqlens_k: Optional[_Array] = ..., max_seqlen_q: int = ..., max_seqlen_k: int = ...,
             alibi_slopes: Optional[_Array] = ..., **opts: Any) -> Tuple[_Array, Optional[_Array]]: ...

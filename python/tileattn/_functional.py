@@ -21,12 +21,14 @@ _BACKENDS = {
 
 def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, window_right=-1,
             softcap=0.0, dropout_p=0.0, seed=0, offset=0, deterministic=False, backend="auto",
-            num_splits=0, check_device_indices=True, alibi_diagonal=None):
+            num_splits=0, check_device_indices=True, alibi_diagonal=None, sm_margin=0):
     """A tileattn.Options for a call on like's device, ordered on its library's current stream.
-    alibi_diagonal: ALiBi's distance is |i + alibi_diagonal - j| (None: the causal diagonal's offset)."""
+    alibi_diagonal: ALiBi's distance is |i + alibi_diagonal - j| (None: the causal diagonal's offset).
+    sm_margin: SMs the persistent Hopper forward leaves free for kernels beside it (0: every SM)."""
     window_left = _checks.integer("options", "window_left", window_left)
     window_right = _checks.integer("options", "window_right", window_right)
     num_splits = _checks.integer("options", "num_splits", num_splits)
+    sm_margin = _checks.integer("options", "sm_margin", sm_margin)
     if isinstance(backend, str):
         if backend not in _BACKENDS:
             raise ValueError(f"tileattn: backend = {backend!r}, expected one of {sorted(_BACKENDS)}")
@@ -36,7 +38,8 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
         align=_C.MaskAlign.top_left if top_left else _C.MaskAlign.bottom_right,
         window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
         seed=seed, offset=offset, deterministic=deterministic, backend=backend,
-        num_splits=num_splits, check_device_indices=check_device_indices, stream=current_stream(like))
+        num_splits=num_splits, sm_margin=sm_margin, check_device_indices=check_device_indices,
+        stream=current_stream(like))
     if alibi_diagonal is not None:
         o.alibi_diagonal = _checks.integer("options", "alibi_diagonal", alibi_diagonal)
     return o

@@ -354,11 +354,11 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _opts(fn, softmax_scale, softcap):
+def _opts(fn, softmax_scale, softcap, sm_margin):
     """The library options every call of one attention shares (each call adds its window)."""
     fn = f"distributed.{fn}"
     return dict(scale=_checks.scale(fn, softmax_scale), softcap=_checks.number(fn, "softcap", softcap),
-                backend=_config.backend)
+                sm_margin=_checks.integer(fn, "sm_margin", sm_margin, lo=0), backend=_config.backend)
 
 
 def _check_qkv(what, q, k, v, ndim):
@@ -375,14 +375,15 @@ def _check_qkv(what, q, k, v, ndim):
 
 
 def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", softmax_scale=None,
-                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, sm_margin=0):
     """Attention over the sequence whose shards the ranks of group hold.
 
     q (batch, local_seqlen, nheads, d), k and v (batch, local_seqlen, nheads_k, d): this rank's shard in
     layout "contiguous" or "zigzag" (see shard()); every rank holds the same local_seqlen. causal,
     window_size, softcap and softmax_scale as flash_attn_func over the whole sequence. Returns out like
     q, or (out, softmax_lse (batch, nheads, local_seqlen) fp32) with return_lse. On one rank this is the
-    local call. alibi_slopes (nheads,) fp32: ALiBi over the whole sequence's positions."""
+    local call. alibi_slopes (nheads,) fp32: ALiBi over the whole sequence's positions. sm_margin:
+    SMs the forward's attention kernel leaves free for the ring's transfers (Options::sm_margin)."""
     _check_qkv("ring_attention", q, k, v, 4)
     _check_layout(layout)
     ring = _Ring(group)
@@ -393,7 +394,7 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     plan = _ring_plan(layout, ring.rank, ring.world, n, lo, hi, alibi)
     # The ring sends k and v whole: P2P takes contiguous tensors.
     q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
-    opts = dict(_opts("ring_attention", softmax_scale, softcap), alibi_slopes=alibi_slopes)
+    opts = dict(_opts("ring_attention", softmax_scale, softcap, sm_margin), alibi_slopes=alibi_slopes)
     out, lse = _RingAttention.apply(q, k, v, ring, plan, opts)
     return (out, lse) if return_lse else out
 
@@ -573,7 +574,7 @@ def _documents(cu_seqlens, total):
 
 def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguous", cu_seqlens=None,
                          softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                         return_lse=False):
+                         return_lse=False, sm_margin=0):
     """ring_attention's result with K and V all-gathered instead of passed around the ring (no overlap
     of the transfer with compute), for packed documents too.
 
@@ -613,7 +614,7 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     if not varlen:
         q = q.reshape((-1,) + tuple(q.shape[2:]))  # batch element b's rows after those of b - 1
     varlens = [_Varlen(g, q.shape[0], q.shape[0] * ring.world, alibi_slopes, q.device) for g in groups]
-    opts = _opts("all_gather_attention", softmax_scale, softcap)
+    opts = _opts("all_gather_attention", softmax_scale, softcap, sm_margin)
     out, lse = _GatherAttention.apply(q, k, v, ring, layout, varlens, opts)
     if not varlen:
         out = out.view(batch, n, *out.shape[1:])

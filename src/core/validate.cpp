@@ -117,6 +117,7 @@ void check_options(const char* fn, const Options& o, Problem& p) {
     fail(fn, "options.dropout_p = ", o.dropout_p, ", expected 0 <= p < 1");
   p.dropout_p = o.dropout_p;
   if (o.num_splits < 0) fail(fn, "options.num_splits = ", o.num_splits, ", expected >= 0 (0 = heuristic)");
+  if (o.sm_margin < 0) fail(fn, "options.sm_margin = ", o.sm_margin, ", expected >= 0 (0 = every SM)");
   check_variant_options(fn, o, p);
 }
 

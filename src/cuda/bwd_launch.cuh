@@ -6,6 +6,7 @@
 
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/bwd_kernel_sm90.cuh"
+#include "cuda/bwd_kernel_sm90_wide.cuh"
 #include "cuda/element.cuh"
 #include "cuda/bwd_launch.hpp"
 #include "cuda/runtime.hpp"
@@ -40,10 +41,13 @@ template <class E> struct BwdConfigSm90<E, 64> {
 template <class T> struct BwdConfigSm90One { using type = T; using mods = T; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
 template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
-// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192.
+// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192, on 96-key
+// tiles with dK and dV transposed (bwd_kernel_sm90_wide.cuh).
 template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {
-  using narrow_v = BwdTraitsSm90<E, 192, 64, 64, 128>;
+  using narrow_v = BwdTraitsSm90Wide<E, 192, 128>;
 };
+template <class T> inline constexpr bool kIsWide = false;
+template <class E, int D, int V> inline constexpr bool kIsWide<BwdTraitsSm90Wide<E, D, V>> = true;
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
@@ -109,6 +113,18 @@ void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   check_launch("launching the backward kernel");
 }
 
+template <class H>
+void launch_bwd_sm90_wide(const BwdParams& p, const BwdGrid& g) {
+  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
+  if (grid.x == 0) return;
+  auto kernel = bwd_kernel_sm90_wide<H>;
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
+                   "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
+  const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
+  kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
+  check_launch("launching the backward kernel");
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_bwd(const BwdParams& p, const BwdGrid& g) {
   using E = typename ElementOf<kDtype>::type;
@@ -122,7 +138,10 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
       using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
       if (g.variant) return g.mods ? launch_bwd_sm90<HM, true, true>(p, g) : launch_bwd_sm90<H, false, true>(p, g);
       if constexpr (!std::is_void_v<HV>) {
-        if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) return launch_bwd_sm90<HV, false, false>(p, g);
+        if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) {
+          if constexpr (kIsWide<HV>) return launch_bwd_sm90_wide<HV>(p, g);
+          else return launch_bwd_sm90<HV, false, false>(p, g);
+        }
       }
       return g.mods ? launch_bwd_sm90<HM, true, false>(p, g) : launch_bwd_sm90<H, false, false>(p, g);
     }

@@ -77,7 +77,8 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
                   pr.chunk > 0 || pr.documents || pr.block_sparse(), device_runs_sm90a(),
-                  pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr, stream};
+                  pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr,
+                  a.options.sm_margin, stream};
   in->launch(p, g);
 }
 

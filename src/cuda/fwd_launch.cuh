@@ -2,6 +2,7 @@
 // instantiation units only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -80,7 +81,8 @@ void launch_portable(const FwdParams& p, const FwdGrid& g) {
   g.variant ? launch_portable_as<T, true>(p, g) : launch_portable_as<T, false>(p, g);
 }
 
-// One persistent block per SM (fewer when there are fewer tiles); TMA needs no column checks.
+// One persistent block per SM but the margin's (fewer when there are fewer tiles); TMA needs no
+// column checks.
 template <class T, bool kMods, bool kVariant>
 void launch_sm90_as(const FwdParams& p, const FwdGrid& g) {
   auto kernel = fwd_kernel_sm90<T, kMods, kVariant>;
@@ -89,7 +91,8 @@ void launch_sm90_as(const FwdParams& p, const FwdGrid& g) {
   const FwdTmaSm90<T> tma = make_fwd_tma<T>(p, g.batch);
   const int m_blocks = (g.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
   const TileScheduler sched{m_blocks, g.heads_q, m_blocks * g.batch * g.heads_q, g.tile_counter};
-  const int grid = sched.num_tiles < device_sm_count() ? sched.num_tiles : device_sm_count();
+  const int sms = std::max(1, device_sm_count() - g.sm_margin);
+  const int grid = sched.num_tiles < sms ? sched.num_tiles : sms;
   if (g.tile_counter != nullptr) {
     launch_after_clearing(g.tile_counter, 1, false, kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, g.stream, p, tma,
                           sched);

@@ -18,6 +18,7 @@ struct FwdGrid {
   bool sm90a;  // run the Hopper kernel (where built)
   int block_q, block_k;  // the block mask's block sizes (0: none): the Hopper kernel's tiles must divide them
   int* tile_counter;  // Hopper kernel: claim tiles from this counter (zeroed by the launch); nullptr: static order
+  int sm_margin;      // Hopper kernel: SMs left free (Options::sm_margin)
   cudaStream_t stream;
 };
 

@@ -116,6 +116,7 @@ TEST(ValidateForward, Options) {
       {"dropout one", [](ForwardArgs& a) { a.options.dropout_p = 1.f; }, {"options.dropout_p = 1,", "p < 1"}},
       {"dropout nan", [](ForwardArgs& a) { a.options.dropout_p = kNaN; }, {"options.dropout_p = nan"}},
       {"num_splits", [](ForwardArgs& a) { a.options.num_splits = -1; }, {"options.num_splits = -1"}},
+      {"sm_margin", [](ForwardArgs& a) { a.options.sm_margin = -2; }, {"options.sm_margin = -2, expected >= 0"}},
       {"workspace", [](ForwardArgs& a) { a.options.workspace_bytes = 64; },
        {"options.workspace is null but options.workspace_bytes = 64"}},
   });

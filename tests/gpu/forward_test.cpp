@@ -511,6 +511,39 @@ TEST_F(GpuForward, Deterministic) {
   EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.numel() * 4), 0);
 }
 
+// Options::sm_margin changes how many persistent blocks share the tiles, not what a tile computes:
+// every margin (one leaving a single SM, one larger than the device) gives the same bytes.
+TEST_F(GpuForward, SmMarginLeavesTheResultAlone) {
+  std::mt19937_64 rng(test::fresh_seed());
+  for (const bool causal : {false, true}) {
+    Case c;
+    c.batch = 3;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.seqlen_q = c.seqlen_k = 900;
+    c.causal = causal;
+    Problem3 p(c, rng);
+    OnDevice d(p);
+    HostTensor o0 = p.out, l0 = p.lse;
+    for (const int margin : {0, 7, 1 << 20}) {
+      ForwardArgs a = d.args();
+      a.options.sm_margin = margin;
+      forward(a);
+      test::device_synchronize();
+      HostTensor o = p.out, l = p.lse;
+      d.out.to_host(o);
+      d.lse.to_host(l);
+      if (margin == 0) {
+        o0 = o;
+        l0 = l;
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(o.data(), o0.data(), o.numel() * dtype_size(o.dtype())), 0) << "margin " << margin;
+      EXPECT_EQ(std::memcmp(l.data(), l0.data(), l.numel() * 4), 0) << "margin " << margin;
+    }
+  }
+}
+
 TEST_F(GpuForward, RunsOnTheCallersStreamWithoutWorkspace) {
   std::mt19937_64 rng(test::fresh_seed());
   Case c;

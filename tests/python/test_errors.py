@@ -90,6 +90,7 @@ CASES = [
     (lambda: fwd(options=opts(softcap=-1.0)), F + "options.softcap = -1, expected a finite value >= 0 (0 = off)"),
     (lambda: fwd(options=opts(dropout_p=1.0)), F + "options.dropout_p = 1, expected 0 <= p < 1"),
     (lambda: fwd(options=opts(num_splits=-1)), F + "options.num_splits = -1, expected >= 0 (0 = heuristic)"),
+    (lambda: fwd(options=opts(sm_margin=-1)), F + "options.sm_margin = -1, expected >= 0 (0 = every SM)"),
     (lambda: fwd(options=_C.Options(backend=_C.Backend.cuda)), F + "options.backend = cuda but the tensors are on the cpu"),
     # alibi
     (lambda: fwd(alibi_slopes=t(3)), F + "alibi_slopes has shape [3], expected [2]"),
