@@ -37,17 +37,24 @@ template <class E> struct BwdConfigSm90<E, 64> {
   using type = BwdTraitsSm90<E, 64, 128, 128>;
   using mods = BwdTraitsSm90<E, 64, 64, 128>;
   using narrow_v = void;
+  using wide_v = void;
 };
-template <class T> struct BwdConfigSm90One { using type = T; using mods = T; using narrow_v = void; };
+template <class T> struct BwdConfigSm90One {
+  using type = T;
+  using mods = T;
+  using narrow_v = void;
+  using wide_v = void;
+};
 template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
 template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
-// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192, on 96-key
-// tiles with dK and dV transposed (bwd_kernel_sm90_wide.cuh).
+// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192. From
+// kWideMinKeys keys on 96-key tiles with dK and dV transposed (bwd_kernel_sm90_wide.cuh); below, where
+// 96-key tiles pad more of the keys (512 keys: 576) and give fewer blocks, on 64-key tiles.
 template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {
-  using narrow_v = BwdTraitsSm90Wide<E, 192, 128>;
+  using narrow_v = BwdTraitsSm90<E, 192, 64, 64, 128>;
+  using wide_v = BwdTraitsSm90Wide<E, 192, 128>;
+  static constexpr int kWideMinKeys = 1024;
 };
-template <class T> inline constexpr bool kIsWide = false;
-template <class E, int D, int V> inline constexpr bool kIsWide<BwdTraitsSm90Wide<E, D, V>> = true;
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
 // Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
@@ -137,10 +144,14 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
       using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
       using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
       if (g.variant) return g.mods ? launch_bwd_sm90<HM, true, true>(p, g) : launch_bwd_sm90<H, false, true>(p, g);
+      using HW = typename BwdConfigSm90<E, kHeadDim>::wide_v;
       if constexpr (!std::is_void_v<HV>) {
         if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) {
-          if constexpr (kIsWide<HV>) return launch_bwd_sm90_wide<HV>(p, g);
-          else return launch_bwd_sm90<HV, false, false>(p, g);
+          if constexpr (!std::is_void_v<HW>) {
+            if (g.max_seqlen_k >= BwdConfigSm90<E, kHeadDim>::kWideMinKeys)
+              return launch_bwd_sm90_wide<HW>(p, g);
+          }
+          return launch_bwd_sm90<HV, false, false>(p, g);
         }
       }
       return g.mods ? launch_bwd_sm90<HM, true, false>(p, g) : launch_bwd_sm90<H, false, false>(p, g);

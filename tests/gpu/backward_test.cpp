@@ -140,25 +140,28 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
     }
 }
 
-// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper its own
-// kernel, with 128-column V and dO tiles), 176/96 padded within it, 192/160 on the wide kernel;
-// causal GQA, then varlen with a sequence that ends inside a query tile (its dO rows zeroed).
+// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper kernels
+// with 128-column V and dO tiles: 64-key tiles below 1024 keys, 96-key transposed ones from there),
+// 176/96 padded within them, 192/160 on the kernel with 192-column V tiles; causal GQA, then varlen
+// with a sequence that ends inside a query tile (its dO rows zeroed) and one shorter than a key tile.
 TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
   const std::uint64_t seed = fresh_seed();
-  for (auto [d, dv] : {std::pair{192, 128}, std::pair{176, 96}, std::pair{192, 160}}) {
-    Case c = base_case(DType::bf16, 300, 457, d);
+  for (auto [d, dv, sk] : {std::tuple{192, 128, 457}, std::tuple{192, 128, 1100}, std::tuple{176, 96, 457},
+                           std::tuple{176, 96, 1100}, std::tuple{192, 160, 457}}) {
+    Case c = base_case(DType::bf16, 300, sk, d);
     c.hdim_v = dv;
-    check_case(c, seed + d + dv);
+    check_case(c, seed + d + dv + sk);
     c.heads_q = 4;
     c.options.causal = true;
-    check_case(c, seed + d + dv + 1);
+    check_case(c, seed + d + dv + sk + 1);
     c.dtype = DType::f16;
     c.varlen = true;
-    c.lens_q = {77, 200};
-    c.lens_k = {130, 457};
+    c.batch = 3;
+    c.lens_q = {77, 200, 31};
+    c.lens_k = {130, sk, 40};
     c.seqlen_q = 200;
-    c.seqlen_k = 457;
-    check_case(c, seed + d + dv + 2);
+    c.seqlen_k = sk;
+    check_case(c, seed + d + dv + sk + 2);
     if (HasFailure()) return;
   }
 }
