@@ -105,14 +105,10 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 }
 
 // Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
-template <class H, bool kMods, bool kVariant>
-void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
+template <class H, class Kernel>
+void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
   if (grid.x == 0) return;
-  auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
-  if constexpr (H::kBulkDq && !kVariant) {
-    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
-  }
   raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
                    "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
@@ -120,16 +116,13 @@ void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   check_launch("launching the backward kernel");
 }
 
-template <class H>
-void launch_bwd_sm90_wide(const BwdParams& p, const BwdGrid& g) {
-  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
-  if (grid.x == 0) return;
-  auto kernel = bwd_kernel_sm90_wide<H>;
-  raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
-                   "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
-  const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
-  kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
-  check_launch("launching the backward kernel");
+template <class H, bool kMods, bool kVariant>
+void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
+  auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
+  if constexpr (H::kBulkDq && !kVariant) {
+    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
+  }
+  launch_bwd_sm90_kernel<H>(kernel, p, g);
 }
 
 template <DType kDtype, int kHeadDim>
@@ -149,7 +142,7 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
         if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) {
           if constexpr (!std::is_void_v<HW>) {
             if (g.max_seqlen_k >= BwdConfigSm90<E, kHeadDim>::kWideMinKeys)
-              return launch_bwd_sm90_wide<HW>(p, g);
+              return launch_bwd_sm90_kernel<HW>(bwd_kernel_sm90_wide<HW>, p, g);
           }
           return launch_bwd_sm90<HV, false, false>(p, g);
         }
