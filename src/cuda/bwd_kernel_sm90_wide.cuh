@@ -7,8 +7,8 @@
 // as bwd_kernel_sm90.cuh does up to head dim 128). Against the split kernel of
 // bwd_kernel_sm90.cuh (64 keys, both warpgroups on every key, P^T and dS^T exchanged), a query tile's
 // loads and dQ additions serve 1.5x the keys and each product is at least 48 columns wide.
-// The producer (loader warp, dQ writer), the walk and the barriers are bwd_kernel_sm90.cuh's. Plain calls only
-// (no modifiers, variants or deterministic mode).
+// The producer (loader warp, dQ writer), the walk and the barriers are bwd_kernel_sm90.cuh's. Plain
+// calls only (no modifiers or variants), in the default and the deterministic mode.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -108,6 +108,7 @@ struct BwdTraitsSm90Wide {
   // K, V; 2 x (Q, dO); P; 2 x dS; 2 x (LSE, D); dQ (fp32).
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(BwdBarriersSm90));
   static_assert(kSmemBytes <= 227 * 1024);
+  static_assert(kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
 // A transposed (D x keys) fp32 accumulator of `Mma`, scaled, written to global memory as the element
@@ -140,7 +141,9 @@ __device__ __forceinline__ void add_acc_t(const Acc& acc, float* rows, std::int6
   }
 }
 
-template <class T>
+// kDeterministic: the key blocks run last to first and the writer adds each query tile's dQ in
+// that order, as bwd_kernel_sm90.cuh's deterministic instantiation does.
+template <class T, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90_wide(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -149,7 +152,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_wide[];
   const FwdParams& f = p.fwd;
-  const int n_block = blockIdx.x, b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
+  const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (tid == 32) bwd_sm90_write_dq<T, false, false>(p, s, b, w, n_block, sdq, bars);
+    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, false>(p, s, b, w, n_block, sdq, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();

@@ -57,14 +57,21 @@ template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90
 };
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
-// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
+// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too. In
+// the deterministic mode only kernels that add dQ by bulk reductions do (their writer takes turns):
+// the split kernels do not, the 96-key one does (plain calls with V's head dim within its own).
 template <DType kDtype, int kHeadDim>
 bool bwd_runs_sm90(const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
-  using H = typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  using C = BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>;
+  using H = typename C::type;
   if constexpr (!std::is_void_v<H>) {
     if constexpr (H::kBulkDq) return g.sm90a;
-    return g.sm90a && !g.deterministic;
+    if (!g.deterministic) return g.sm90a;
+    if constexpr (!std::is_void_v<typename C::wide_v>) {
+      return g.sm90a && !g.mods && !g.variant && g.d_v <= C::wide_v::kHeadDimV;
+    }
+    return false;
   }
 #endif
   return false;
@@ -141,8 +148,9 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
       if constexpr (!std::is_void_v<HV>) {
         if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) {
           if constexpr (!std::is_void_v<HW>) {
+            if (g.deterministic) return launch_bwd_sm90_kernel<HW>(bwd_kernel_sm90_wide<HW, true>, p, g);
             if (g.max_seqlen_k >= BwdConfigSm90<E, kHeadDim>::kWideMinKeys)
-              return launch_bwd_sm90_kernel<HW>(bwd_kernel_sm90_wide<HW>, p, g);
+              return launch_bwd_sm90_kernel<HW>(bwd_kernel_sm90_wide<HW, false>, p, g);
           }
           return launch_bwd_sm90<HV, false, false>(p, g);
         }
