@@ -391,6 +391,16 @@ __device__ __forceinline__ void tile_dq(Acc& acc, const SdSt& sdSt, const SK& sK
   gemm_ss(acc, rdS, rKt, ld_a.get_thread_slice(tid).partition_S(sdS), sKt_ld, mma, ld_a, ld_b, tid);
 }
 
+// A shared tile written to global memory with T's stores, rows < max_rows and columns < max_cols.
+template <class T, class Stage, class G>
+__device__ __forceinline__ void store_stage(Stage& stage, G& g, int max_rows, int max_cols, int tid) {
+  typename T::GmemStore gstore;
+  auto gs = gstore.get_thread_slice(tid);
+  copy_tile<true, true, false>(gstore, gs.partition_S(stage), gs.partition_D(g),
+                               gs.partition_S(make_identity_tensor(make_shape(size<0>(stage), size<1>(stage)))), max_rows,
+                               max_cols);
+}
+
 // Writes a (rows x D) fp32 accumulator of `Mma` to global memory as the element type, through the
 // shared tile `stage` (free for the purpose), rows < max_rows and columns < max_cols only. sync()
 // waits for every thread that writes the stage (the whole block by default).
@@ -407,11 +417,7 @@ __device__ __forceinline__ void store_acc(const Acc& acc, Stage& stage, G& g, in
   auto st_thr = st.get_thread_slice(tid);
   copy(st, st_thr.retile_S(r), st_thr.partition_D(stage));
   sync();
-  typename T::GmemStore gstore;
-  auto gs = gstore.get_thread_slice(tid);
-  copy_tile<true, true, false>(gstore, gs.partition_S(stage), gs.partition_D(g),
-                               gs.partition_S(make_identity_tensor(make_shape(size<0>(stage), size<1>(stage)))), max_rows,
-                               max_cols);
+  store_stage<T>(stage, g, max_rows, max_cols, tid);
 }
 
 // kMods, kVariant: as in the forward kernel (fwd_kernel.cuh, key_tiles.cuh).

@@ -48,6 +48,15 @@ struct BwdBarriersSm90 {
   BwdPair dq_pair[2];  // the pair whose dQ a staging buffer holds, for the writer (h < 0: no more)
 };
 
+// The TMA load of a Q or dO stage (its first two modes) from a (rows, cols, head, batch) tensor, for
+// the traits of every Hopper backward kernel.
+template <class Element, class SmemLayout>
+using BwdTmaLoadSm90 = decltype(make_tma_copy(
+    SM90_TMA_LOAD{},
+    make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
+    take<0, 2>(SmemLayout{})));
+
 // kHeadDim: Q's and K's head dim; kHeadDimV: V's and dO's (narrower for 192/128, which would
 // otherwise pay 192 columns in dP^T = V dO^T and dV).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kHeadDimV_ = kHeadDim_>
@@ -121,14 +130,8 @@ struct BwdTraitsSm90 {
   using GmemStore = typename GmemCopies<Element, kConsumers, kGmemChunk>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
-  template <class SmemLayout>
-  using TmaOf = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                  Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
-      take<0, 2>(SmemLayout{})));
-  using TmaQ = TmaOf<SmemLayoutQ>;
-  using TmadO = TmaOf<SmemLayoutdO>;
+  using TmaQ = BwdTmaLoadSm90<Element, SmemLayoutQ>;
+  using TmadO = BwdTmaLoadSm90<Element, SmemLayoutdO>;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTiledO = kBlockM * kHeadDimV;
   static constexpr int kTileKV = kBlockN * kHeadDim, kTileV = kBlockN * kHeadDimV, kTileP = kBlockN * kBlockM;

@@ -85,14 +85,8 @@ struct BwdTraitsSm90Wide {
   using GmemStore = typename GmemCopies<Element, kConsumers, kGmemChunk>::Store;
   using StoreAtom = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
-  template <class SmemLayout>
-  using TmaOf = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                  Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
-      take<0, 2>(SmemLayout{})));
-  using TmaQ = TmaOf<SmemLayoutQ>;
-  using TmadO = TmaOf<SmemLayoutdO>;
+  using TmaQ = BwdTmaLoadSm90<Element, SmemLayoutQ>;
+  using TmadO = BwdTmaLoadSm90<Element, SmemLayoutdO>;
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTiledO = kBlockM * kHeadDimV;
   static constexpr int kTileKV = kBlockN * kHeadDim, kTileV = kBlockN * kHeadDimV, kTileP = kBlockM * kBlockN;
@@ -124,11 +118,7 @@ __device__ __forceinline__ void store_acc_t(const Acc& acc, StageT& stage_t, Sta
   CUTE_UNROLL
   for (int i = 0; i < size(r); ++i) dst(i) = r(i);
   sync();
-  typename T::GmemStore gstore;
-  auto gs = gstore.get_thread_slice(tid);
-  copy_tile<true, true, false>(gstore, gs.partition_S(stage), gs.partition_D(g),
-                               gs.partition_S(make_identity_tensor(make_shape(size<0>(stage), size<1>(stage)))), max_rows,
-                               max_cols);
+  store_stage<T>(stage, g, max_rows, max_cols, tid);
 }
 
 // Adds a transposed (D x keys) accumulator into fp32 rows (the GQA group's parts), one float a value.
