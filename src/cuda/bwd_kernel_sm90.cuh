@@ -57,18 +57,18 @@ using BwdTmaLoadSm90 = decltype(make_tma_copy(
                 Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
     take<0, 2>(SmemLayout{})));
 
-// kHeadDim: Q's and K's head dim; kHeadDimV: V's and dO's (narrower for 192/128, which would
-// otherwise pay 192 columns in dP^T = V dO^T and dV).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kHeadDimV_ = kHeadDim_>
+// kHeadDim: Q's and K's head dim; V and dO are padded to it (a narrower V at 192 takes the 96-key
+// kernel, bwd_kernel_sm90_wide.cuh).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDim, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitD = kHeadDim > 128;
   static constexpr int kWarpGroups = 2;  // consumers
   static constexpr int kConsumers = kWarpGroups * 128;
   static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim && kBlockM % 64 == 0 &&
+  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 &&
                 kBlockN == (kSplitD ? 64 : 128));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;

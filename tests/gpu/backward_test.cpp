@@ -140,10 +140,11 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
     }
 }
 
-// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper kernels
-// with 128-column V and dO tiles: 64-key tiles below 1024 keys, 96-key transposed ones from there),
-// 176/96 padded within them, 192/160 on the kernel with 192-column V tiles; causal GQA, then varlen
-// with a sequence that ends inside a query tile (its dO rows zeroed) and one shorter than a key tile.
+// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper, 96-key
+// tiles with 128-column V and dO tiles, dK and dV transposed), 176/96 padded within them, 192/160 on
+// the kernel with 192-column V tiles; key lengths that are no multiple of a key tile; causal GQA, then
+// varlen with a sequence that ends inside a query tile (its dO rows zeroed) and one shorter than a key
+// tile.
 TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
   const std::uint64_t seed = fresh_seed();
   for (auto [d, dv, sk] : {std::tuple{192, 128, 457}, std::tuple{192, 128, 1100}, std::tuple{176, 96, 457},
@@ -162,7 +163,7 @@ TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
     c.seqlen_q = 200;
     c.seqlen_k = sk;
     check_case(c, seed + d + dv + sk + 2);
-    c.options.deterministic = true;  // on Hopper the 96-key kernel at any length, dQ added in turn
+    c.options.deterministic = true;  // on Hopper the 96-key kernel, dQ added in turn
     check_case(c, seed + d + dv + sk + 3);
     if (HasFailure()) return;
   }
