@@ -9,7 +9,7 @@ output; FLOPs of the backward are 2.5x the forward's.
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
 grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
-192 for Q/K with 128 for V (16 heads); "fp16" the mha rows at head dim 128 in fp16; "small"
+192 for Q/K with 128 for V (16 heads, on 16 and on 4 KV heads); "fp16" the mha rows at head dim 128 in fp16; "small"
 grouped-query rows at a fixed small batch instead of 16k tokens (batch 2 with 8 query heads on 2 KV
 heads at head dim 64, as a small Llama-style model trains; batch 1 with 32 on 8 at head dim 128).
 Every section has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on. Grouped peers run with
@@ -56,7 +56,7 @@ def grid(quick, sections, hdims=None):
     if "gqa" in sections:
         shapes += [("bf16", 32, kv, d, d, None) for d in (64, 128) for kv in (8, 4)]
     if "dv" in sections:
-        shapes += [("bf16", 16, 16, 192, 128, None)]
+        shapes += [("bf16", 16, 16, 192, 128, None), ("bf16", 16, 4, 192, 128, None)]
     if "fp16" in sections:
         shapes += [("f16", WIDTH // 128, WIDTH // 128, 128, 128, None)]
     if "small" in sections:

@@ -48,11 +48,13 @@ std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
 // Chunks, document ids and block masks run on the Hopper kernel's variant instantiation, except in
 // the deterministic mode (its ordered dQ sums count the key blocks that visit a query tile as a
-// range), which runs them on the portable kernels.
-BwdGrid grid(const Problem& pr, const BackwardArgs& a, bool mods) {
+// range), which runs them on the portable kernels. Modifiers: softcap, ALiBi, dropout, a
+// non-positive scale.
+BwdGrid grid(const Problem& pr, const BackwardArgs& a) {
+  const bool mods = pr.softcap > 0.f || pr.has_alibi || pr.dropout_p > 0.f || !(pr.scale > 0.f);
   const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
   const bool deterministic = a.options.deterministic;
-  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, deterministic,
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, pr.hdim_v, mods, variant, deterministic,
           device_runs_sm90a() && !(variant && deterministic), static_cast<cudaStream_t>(a.options.stream)};
 }
 
@@ -70,7 +72,7 @@ std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
 // idle SMs cost more than the additions. Not in the deterministic mode, whose sums are ordered.
 int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  if (!in || group < 2 || a.options.deterministic || !in->runs_sm90(grid(p, a, false))) return 1;
+  if (!in || group < 2 || a.options.deterministic || !in->runs_sm90(grid(p, a))) return 1;
   const bool uneven = p.window_left >= 0 || p.window_right >= 0;
   int parts = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 ? 2 : 1;
   const int tile = in->key_tile_sm90();
@@ -97,7 +99,7 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t rows = std::size_t(rows_all) * p.heads_q;
   const BwdInstance* in = find_instance(p.dtype, call_hdim(p));
   const std::size_t cols = in ? in->hdim : 0;
-  const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a, false));
+  const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a));
   const bool summed = !a.options.deterministic || ordered;
   const std::size_t key_rows = std::size_t(rows_k_total(p, a)) * p.heads_kv;
   return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
@@ -156,7 +158,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   }
 
   launch_bwd_dsum(pr.dtype, p, stream);
-  const BwdGrid g = grid(pr, a, pr.softcap > 0.f || pr.has_alibi || p.fwd.dropout || !(pr.scale > 0.f));
+  const BwdGrid g = grid(pr, a);
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
   if (p.dk_accum) launch_bwd_dkv_convert(pr.dtype, p, stream);

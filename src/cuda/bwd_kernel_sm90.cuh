@@ -57,18 +57,18 @@ using BwdTmaLoadSm90 = decltype(make_tma_copy(
                 Layout<TmaGmemShape, Stride<std::int64_t, _1, std::int64_t, std::int64_t>>{}),
     take<0, 2>(SmemLayout{})));
 
-// kHeadDim: Q's and K's head dim; kHeadDimV: V's and dO's (narrower for 192/128, which would
-// otherwise pay 192 columns in dP^T = V dO^T and dV).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kHeadDimV_ = kHeadDim_>
+// kHeadDim: Q's and K's head dim; V and dO are padded to it (a narrower V at 192 takes the 96-key
+// kernel, bwd_kernel_sm90_wide.cuh).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDim, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr bool kSplitD = kHeadDim > 128;
   static constexpr int kWarpGroups = 2;  // consumers
   static constexpr int kConsumers = kWarpGroups * 128;
   static constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim && kBlockM % 64 == 0 &&
+  static_assert(kHeadDim % 32 == 0 && kBlockM % 64 == 0 &&
                 kBlockN == (kSplitD ? 64 : 128));
 
   using SplitRows = Layout<Shape<Int<kWarpGroups>, _1, _1>>;
@@ -138,12 +138,12 @@ struct BwdTraitsSm90 {
   static constexpr int kStageBytes = (kTileQ + kTiledO) * int(sizeof(Element));  // a stage's Q and dO
   // dQ staged for bulk reductions where two fp32 tiles fit beside the rest (up to head dim 128).
   static constexpr bool kBulkDq = !kSplitD;
-  static constexpr int kDqTile = kBlockM * kHeadDim;
+  static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 2;
   static constexpr int kOffsetdSt = (kTileKV + kTileV) * int(sizeof(Element)) + 2 * kStageBytes;
   static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
   static constexpr int kOffsetRows = kOffsetPt + (kSplitD ? 2 * kTileP * int(sizeof(Element)) : 0);
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
-  static constexpr int kOffsetBarriers = kOffsetDq + (kBulkDq ? 2 * kDqTile * int(sizeof(float)) : 0);
+  static constexpr int kOffsetBarriers = kOffsetDq + (kBulkDq ? kDqStages * kDqTile * int(sizeof(float)) : 0);
   // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(BwdBarriersSm90));
   static_assert(kSmemBytes <= 227 * 1024);
@@ -328,21 +328,37 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   }
 }
 
-// Step t's pair, taken behind the wait on its stage's barrier `full`: the one published beside the
-// barrier (kVariant: the loader alone walks the pairs; h < 0 ends the walk), or else x itself, the
-// walk w that the caller follows. False once the walk has ended.
-template <bool kVariant, class W>
+// Step t's pair, taken behind the wait on its stage's barrier `full` (one of kStages used in turn):
+// the one published beside the barrier (kVariant: the loader alone walks the pairs; h < 0 ends the
+// walk), or else x itself, the walk w that the caller follows. False once the walk has ended.
+template <bool kVariant, int kStages = 2, class W>
 __device__ __forceinline__ bool take_pair(cutlass::arch::ClusterBarrier& full, const BwdPair& published, const W& w,
                                           BwdPair& x, int t) {
   if constexpr (kVariant) {
-    full.wait((t >> 1) & 1);
+    full.wait((t / kStages) & 1);
     asm volatile("" ::: "memory");  // the pair is read behind the wait (acquire)
     x = published;
     return x.h >= 0;
   } else {
     if (w.done(x)) return false;
-    full.wait((t >> 1) & 1);
+    full.wait((t / kStages) & 1);
     return true;
+  }
+}
+
+// A consumer thread's part of step t's dQ tile (fp32, columns placed by dq_column) into staging
+// buffer t % kDqStages, once the writer has read what that buffer last held.
+template <class T, class Acc, class C>
+__device__ __forceinline__ void stage_dq(const Acc& acc_dq, const C& cdq, float* sdq, std::int64_t dq_row0, int t,
+                                         BwdBarriersSm90& bars) {
+  const int buf = t % T::kDqStages;
+  if (t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
+  float* d = sdq + buf * T::kDqTile;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); i += 2) {
+    const int row = get<0>(cdq(i)), col = get<1>(cdq(i));
+    *reinterpret_cast<float2*>(d + row * T::kHeadDim + dq_column(dq_row0 + row, col)) =
+        make_float2(acc_dq(i), acc_dq(i + 1));
   }
 }
 
@@ -357,8 +373,8 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   int* passing = nullptr;
   BwdPair x = w.first();
   for (int t = 0;; ++t) {
-    const int buf = t & 1;
-    if (!take_pair<kVariant>(bars.dq_full[buf], bars.dq_pair[buf], w, x, t)) break;
+    const int buf = t % T::kDqStages;
+    if (!take_pair<kVariant, T::kDqStages>(bars.dq_full[buf], bars.dq_pair[buf], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
@@ -555,15 +571,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     const std::int64_t dq_row0 = h * p.rows_total + s.row_base + m0;
     if constexpr (T::kBulkDq) {
-      if (t >= 2) bars.dq_empty[buf].wait(((t >> 1) + 1) & 1);
-      float* d = sdq + buf * T::kDqTile;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) {
-        const int row = get<0>(cdq(i)), col = get<1>(cdq(i));
-        *reinterpret_cast<float2*>(d + row * kHeadDim + dq_column(dq_row0 + row, col)) =
-            make_float2(acc_dq(i), acc_dq(i + 1));
-      }
-      if (kVariant && tc == 0) bars.dq_pair[buf] = x;
+      stage_dq<T>(acc_dq, cdq, sdq, dq_row0, t, bars);
+      if (kVariant && tc == 0) bars.dq_pair[t % T::kDqStages] = x;
       cutlass::arch::fence_view_async_shared();
       bars.dq_full[buf].arrive();
     } else {
@@ -572,8 +581,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (!kVariant) x = w.after(x);
   }
   if constexpr (T::kBulkDq && kVariant) {  // the writer's end of the walk
-    const int buf = t & 1;
-    if (t >= 2) bars.dq_empty[buf].wait(((t >> 1) + 1) & 1);
+    const int buf = t % T::kDqStages;
+    if (t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
     if (tc == 0) bars.dq_pair[buf].h = -1;
     asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
     bars.dq_full[buf].arrive();

@@ -3,11 +3,12 @@
 // warpgroup 48 of them. S = Q K^T and dP = dO V^T keep the query rows as their M, and dK, dV
 // accumulate transposed (dK^T += Q^T dS, dV^T += dO^T P), so a warpgroup's products read only its
 // own columns of P and dS: the warpgroups meet once a tile, when dS is complete for dQ = dS K (each
-// warpgroup half of dQ's head dim, added with 16-byte atomics). Against the split kernel of
+// warpgroup half of dQ's head dim, staged in shared memory for the writer thread's bulk reduction,
+// as bwd_kernel_sm90.cuh does up to head dim 128). Against the split kernel of
 // bwd_kernel_sm90.cuh (64 keys, both warpgroups on every key, P^T and dS^T exchanged), a query tile's
 // loads and dQ additions serve 1.5x the keys and each product is at least 48 columns wide.
-// The producer (loader warp), the walk and the barriers are bwd_kernel_sm90.cuh's. Plain calls only
-// (no modifiers, variants or deterministic mode).
+// The producer (loader warp, dQ writer), the walk and the barriers are bwd_kernel_sm90.cuh's. Plain
+// calls only (no modifiers or variants), in the default and the deterministic mode.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -50,7 +51,9 @@ struct BwdTraitsSm90Wide {
       SplitCols{}));
 
   // 64-byte atoms (32 columns) at 192, 128-byte ones at 128; P and dS in 32-byte atoms (16 keys),
-  // so that the second warpgroup's 48 keys start on an atom.
+  // so that the second warpgroup's 48 keys start on an atom. P has one buffer (only its own
+  // warpgroup's products read a warpgroup's keys of it, done before its next write), dS two (both
+  // warpgroups' dQ products read all of it).
   template <int kD>
   using AtomOf = std::conditional_t<kD % 64 == 0 && kD != 192, GMMA::Layout_K_SW128_Atom<Element>,
                                     GMMA::Layout_K_SW64_Atom<Element>>;
@@ -70,10 +73,12 @@ struct BwdTraitsSm90Wide {
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutVt =
       decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>>{}, GenRowMajor{})));
-  // P and dS (queries x keys), two buffers each, and their (keys x queries) views.
-  using SmemLayoutP = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
-  using SmemLayoutPt = decltype(composition(
-      SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  // P and dS (queries x keys, kBufs buffers), and their (keys x queries) views.
+  template <int kBufs>
+  using SmemLayoutPOf = decltype(tile_to_shape(AtomP{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kBufs>>{}));
+  template <int kBufs>
+  using SmemLayoutPtOf = decltype(composition(
+      SmemLayoutPOf<kBufs>{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kBufs>>{}, Step<_2, _1, _3>{})));
 
   static constexpr int kGmemChunk = 64;
   using GmemLoad = typename GmemCopies<Element, kConsumers, kGmemChunk>::Load;
@@ -89,12 +94,15 @@ struct BwdTraitsSm90Wide {
   static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element));
   static constexpr int kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
   static constexpr int kOffsetP = kOffsetdO + 2 * kTiledO * int(sizeof(Element));
-  static constexpr int kOffsetdS = kOffsetP + 2 * kTileP * int(sizeof(Element));
+  static constexpr int kOffsetdS = kOffsetP + kTileP * int(sizeof(Element));
   static constexpr int kOffsetRows = kOffsetdS + 2 * kTileP * int(sizeof(Element));
-  static constexpr int kOffsetBarriers = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
-  // K, V; 2 x (Q, dO); 2 x P; 2 x dS; 2 x (LSE, D).
+  static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 1;
+  static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
+  static constexpr int kOffsetBarriers = kOffsetDq + kDqStages * kDqTile * int(sizeof(float));
+  // K, V; 2 x (Q, dO); P; 2 x dS; 2 x (LSE, D); dQ (fp32).
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(BwdBarriersSm90));
   static_assert(kSmemBytes <= 227 * 1024);
+  static_assert(kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
 // A transposed (D x keys) fp32 accumulator of `Mma`, scaled, written to global memory as the element
@@ -123,7 +131,9 @@ __device__ __forceinline__ void add_acc_t(const Acc& acc, float* rows, std::int6
   }
 }
 
-template <class T>
+// kDeterministic: the key blocks run last to first and the writer adds each query tile's dQ in
+// that order, as bwd_kernel_sm90.cuh's deterministic instantiation does.
+template <class T, bool kDeterministic>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90_wide(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -132,7 +142,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_wide[];
   const FwdParams& f = p.fwd;
-  const int n_block = blockIdx.x, b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
+  const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -150,15 +161,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sV = make_tensor(smem(T::kTileKV * int(sizeof(Element))), typename T::SmemLayoutV{});
   Tensor sQ = make_tensor(smem(T::kOffsetQ), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(smem(T::kOffsetdO), typename T::SmemLayoutdO{});
-  Tensor sP = make_tensor(smem(T::kOffsetP), typename T::SmemLayoutP{});
-  Tensor sdS = make_tensor(smem(T::kOffsetdS), typename T::SmemLayoutP{});
+  Tensor sP = make_tensor(smem(T::kOffsetP), typename T::template SmemLayoutPOf<1>{});
+  Tensor sdS = make_tensor(smem(T::kOffsetdS), typename T::template SmemLayoutPOf<2>{});
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutdOt{});
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sVt = make_tensor(sV.data(), typename T::SmemLayoutVt{});
-  Tensor sPt = make_tensor(sP.data(), typename T::SmemLayoutPt{});
-  Tensor sdSt = make_tensor(sdS.data(), typename T::SmemLayoutPt{});
+  Tensor sPt = make_tensor(sP.data(), typename T::template SmemLayoutPtOf<1>{});
+  Tensor sdSt = make_tensor(sdS.data(), typename T::template SmemLayoutPtOf<2>{});
   float* rows = reinterpret_cast<float*>(smem_bwd_wide + T::kOffsetRows);  // per stage: LSE, D
+  float* sdq = reinterpret_cast<float*>(smem_bwd_wide + T::kOffsetDq);
   auto& bars = *reinterpret_cast<BwdBarriersSm90*>(smem_bwd_wide + T::kOffsetBarriers);
 
   const int warp_group = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -170,6 +182,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       bars.full[i].init(32);
       bars.empty[i].init(kConsumers);
+      bars.dq_full[i].init(kConsumers);
+      bars.dq_empty[i].init(1);
     }
     cute::prefetch_tma_descriptor(tma.q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(tma.dout.get_tma_descriptor());
@@ -179,6 +193,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
+    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, false>(p, s, b, w, n_block, sdq, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -258,20 +273,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     Tensor rP = convert<Element>(acc_s);
     Tensor rdS = convert<Element>(acc_dp);
-    copy(st_p, st_p_thr.retile_S(rP), st_p_thr.partition_D(sP(_, _, buf)));
+    copy(st_p, st_p_thr.retile_S(rP), st_p_thr.partition_D(sP(_, _, 0)));
     copy(st_p, st_p_thr.retile_S(rdS), st_p_thr.partition_D(sdS(_, _, buf)));
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(128, kBwdBarrierWarpGroup + wg);  // this warpgroup's keys of P and dS are in
-    gemm_wg<false>(mma_v, ddOt_a(_, _, _, st), dPt_b(_, _, _, buf), acc_dv);
+    gemm_wg<false>(mma_v, ddOt_a(_, _, _, st), dPt_b(_, _, _, 0), acc_dv);
     gemm_wg<false>(mma_k, dQt_a(_, _, _, st), ddSt_b(_, _, _, buf), acc_dk);
     NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // dS is complete
     Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
     gemm_wg<true>(mma_q, ddS_a(_, _, _, buf), dKt_b, acc_dq);
     warpgroup_wait<0>();
-    bars.empty[st].arrive();  // Q, dO read; P and dS too (their buffer's next writer waits at the
-                              // barrier above of the tile between)
-    const std::int64_t dq_row0 = h * p.rows_total + s.row_base + m0;
-    add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
+    bars.empty[st].arrive();  // Q, dO read; dS too (its buffer's next writer waits at the barrier
+                              // above of the tile between)
+    stage_dq<T>(acc_dq, cdq, sdq, h * p.rows_total + s.row_base + m0, t, bars);
+    cutlass::arch::fence_view_async_shared();
+    bars.dq_full[0].arrive();
     x = w.after(x);
   }
 

@@ -30,41 +30,44 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
 // and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
-// head dim 128, and with chunks, document ids or a block mask, runs the portable kernels.
+// head dim 128 (but for 192/128's plain calls), and with chunks, document ids or a block mask, runs
+// the portable kernels.
 // narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
 template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 64> {
   using type = BwdTraitsSm90<E, 64, 128, 128>;
   using mods = BwdTraitsSm90<E, 64, 64, 128>;
   using narrow_v = void;
-  using wide_v = void;
 };
 template <class T> struct BwdConfigSm90One {
   using type = T;
   using mods = T;
   using narrow_v = void;
-  using wide_v = void;
 };
 template <class E> struct BwdConfigSm90<E, 96> : BwdConfigSm90One<BwdTraitsSm90<E, 96, 64, 128>> {};
 template <class E> struct BwdConfigSm90<E, 128> : BwdConfigSm90One<BwdTraitsSm90<E, 128, 64, 128>> {};
-// 192/128 (qk/v), as DeepSeek's attention has it: V and dO tiles of 128 columns, not 192. From
-// kWideMinKeys keys on 96-key tiles with dK and dV transposed (bwd_kernel_sm90_wide.cuh); below, where
-// 96-key tiles pad more of the keys (512 keys: 576) and give fewer blocks, on 64-key tiles.
+// 192/128 (qk/v), as DeepSeek's attention has it: plain calls on 96-key tiles with V and dO tiles of
+// 128 columns, not 192, and dK and dV transposed (bwd_kernel_sm90_wide.cuh).
 template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90<E, 192, 64, 64>> {
-  using narrow_v = BwdTraitsSm90<E, 192, 64, 64, 128>;
-  using wide_v = BwdTraitsSm90Wide<E, 192, 128>;
-  static constexpr int kWideMinKeys = 1024;
+  using narrow_v = BwdTraitsSm90Wide<E, 192, 128>;
 };
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
-// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too.
+// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too. In
+// the deterministic mode only kernels that add dQ by bulk reductions do (their writer takes turns):
+// the split kernels do not, the 96-key one does (plain calls with V's head dim within its own).
 template <DType kDtype, int kHeadDim>
 bool bwd_runs_sm90(const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
-  using H = typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type;
+  using C = BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>;
+  using H = typename C::type;
   if constexpr (!std::is_void_v<H>) {
     if constexpr (H::kBulkDq) return g.sm90a;
-    return g.sm90a && !g.deterministic;
+    if (!g.deterministic) return g.sm90a;
+    if constexpr (!std::is_void_v<typename C::narrow_v>) {
+      return g.sm90a && !g.mods && !g.variant && g.d_v <= C::narrow_v::kHeadDimV;
+    }
+    return false;
   }
 #endif
   return false;
@@ -105,14 +108,10 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
 }
 
 // Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
-template <class H, bool kMods, bool kVariant>
-void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
+template <class H, class Kernel>
+void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
   if (grid.x == 0) return;
-  auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
-  if constexpr (H::kBulkDq && !kVariant) {
-    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
-  }
   raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
                    "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
@@ -120,16 +119,13 @@ void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   check_launch("launching the backward kernel");
 }
 
-template <class H>
-void launch_bwd_sm90_wide(const BwdParams& p, const BwdGrid& g) {
-  const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
-  if (grid.x == 0) return;
-  auto kernel = bwd_kernel_sm90_wide<H>;
-  raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
-                   "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
-  const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
-  kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
-  check_launch("launching the backward kernel");
+template <class H, bool kMods, bool kVariant>
+void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
+  auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
+  if constexpr (H::kBulkDq && !kVariant) {
+    if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
+  }
+  launch_bwd_sm90_kernel<H>(kernel, p, g);
 }
 
 template <DType kDtype, int kHeadDim>
@@ -144,14 +140,10 @@ void launch_bwd(const BwdParams& p, const BwdGrid& g) {
       using HM = typename BwdConfigSm90<E, kHeadDim>::mods;
       using HV = typename BwdConfigSm90<E, kHeadDim>::narrow_v;
       if (g.variant) return g.mods ? launch_bwd_sm90<HM, true, true>(p, g) : launch_bwd_sm90<H, false, true>(p, g);
-      using HW = typename BwdConfigSm90<E, kHeadDim>::wide_v;
       if constexpr (!std::is_void_v<HV>) {
         if (!g.mods && p.fwd.d_v <= HV::kHeadDimV) {
-          if constexpr (!std::is_void_v<HW>) {
-            if (g.max_seqlen_k >= BwdConfigSm90<E, kHeadDim>::kWideMinKeys)
-              return launch_bwd_sm90_wide<HW>(p, g);
-          }
-          return launch_bwd_sm90<HV, false, false>(p, g);
+          return g.deterministic ? launch_bwd_sm90_kernel<HV>(bwd_kernel_sm90_wide<HV, true>, p, g)
+                                 : launch_bwd_sm90_kernel<HV>(bwd_kernel_sm90_wide<HV, false>, p, g);
         }
       }
       return g.mods ? launch_bwd_sm90<HM, true, false>(p, g) : launch_bwd_sm90<H, false, false>(p, g);

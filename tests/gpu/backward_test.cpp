@@ -140,10 +140,11 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
     }
 }
 
-// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper kernels
-// with 128-column V and dO tiles: 64-key tiles below 1024 keys, 96-key transposed ones from there),
-// 176/96 padded within them, 192/160 on the kernel with 192-column V tiles; causal GQA, then varlen
-// with a sequence that ends inside a query tile (its dO rows zeroed) and one shorter than a key tile.
+// Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper, 96-key
+// tiles with 128-column V and dO tiles, dK and dV transposed), 176/96 padded within them, 192/160 on
+// the kernel with 192-column V tiles; key lengths that are no multiple of a key tile; causal GQA, then
+// varlen with a sequence that ends inside a query tile (its dO rows zeroed) and one shorter than a key
+// tile.
 TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
   const std::uint64_t seed = fresh_seed();
   for (auto [d, dv, sk] : {std::tuple{192, 128, 457}, std::tuple{192, 128, 1100}, std::tuple{176, 96, 457},
@@ -162,6 +163,8 @@ TEST_F(GpuBackward, ValueHeadDimBelowQueryKeyHeadDim) {
     c.seqlen_q = 200;
     c.seqlen_k = sk;
     check_case(c, seed + d + dv + sk + 2);
+    c.options.deterministic = true;  // on Hopper the 96-key kernel, dQ added in turn
+    check_case(c, seed + d + dv + sk + 3);
     if (HasFailure()) return;
   }
 }
@@ -215,13 +218,15 @@ TEST_F(GpuBackward, LongSequencesGqaAndDeterministicMode) {
 }
 
 // options.deterministic: three runs give bitwise the same gradients, with many key blocks adding
-// into each query tile's dQ (GQA groups of 4 at head dim 128, a window at 64).
+// into each query tile's dQ (GQA groups of 4 at head dim 128, a window at 64, 192/128's kernel).
 TEST_F(GpuBackward, DeterministicModeIsBitwiseReproducible) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (int d : {64, 96, 128, 192, 256}) {
+  for (auto [d, dv] : {std::pair{64, 64}, std::pair{96, 96}, std::pair{128, 128}, std::pair{192, 192},
+                       std::pair{192, 128}, std::pair{256, 256}}) {
     Case c = base_case(DType::bf16, 517, 1771, d);
+    c.hdim_v = dv;
     c.heads_q = 8;
     c.heads_kv = d == 128 ? 2 : 8;
     c.options.causal = d != 128;
@@ -232,9 +237,9 @@ TEST_F(GpuBackward, DeterministicModeIsBitwiseReproducible) {
     const Grads first = gpu_backward(c, t);
     for (int run = 1; run < 3; ++run) {
       const Grads again = gpu_backward(c, t);
-      EXPECT_EQ(again.dq, first.dq) << "d " << d << " run " << run;
-      EXPECT_EQ(again.dk, first.dk) << "d " << d << " run " << run;
-      EXPECT_EQ(again.dv, first.dv) << "d " << d << " run " << run;
+      EXPECT_EQ(again.dq, first.dq) << "d " << d << "/" << dv << " run " << run;
+      EXPECT_EQ(again.dk, first.dk) << "d " << d << "/" << dv << " run " << run;
+      EXPECT_EQ(again.dv, first.dv) << "d " << d << "/" << dv << " run " << run;
     }
   }
 }
