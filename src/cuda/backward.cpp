@@ -54,7 +54,7 @@ BwdGrid grid(const Problem& pr, const BackwardArgs& a) {
   const bool mods = pr.softcap > 0.f || pr.has_alibi || pr.dropout_p > 0.f || !(pr.scale > 0.f);
   const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
   const bool deterministic = a.options.deterministic;
-  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, pr.hdim_v, mods, variant, deterministic,
+  return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, deterministic,
           device_runs_sm90a() && !(variant && deterministic), static_cast<cudaStream_t>(a.options.stream)};
 }
 

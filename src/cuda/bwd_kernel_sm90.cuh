@@ -136,18 +136,23 @@ struct BwdTraitsSm90 {
   static constexpr int kTileQ = kBlockM * kHeadDim, kTiledO = kBlockM * kHeadDimV;
   static constexpr int kTileKV = kBlockN * kHeadDim, kTileV = kBlockN * kHeadDimV, kTileP = kBlockN * kBlockM;
   static constexpr int kStageBytes = (kTileQ + kTiledO) * int(sizeof(Element));  // a stage's Q and dO
-  // dQ staged for bulk reductions where two fp32 tiles fit beside the rest (up to head dim 128).
-  static constexpr bool kBulkDq = !kSplitD;
+  // dQ is staged for the writer's bulk reductions, two tiles in turn. Up to head dim 128 in buffers
+  // of its own; where split, no two fp32 tiles fit beside the rest, and a tile's dQ goes into its
+  // own stage's Q and dO buffers (the same bytes: rows of dQ in fp32 against rows of Q and dO in 16
+  // bits), which its products have finished reading; the writer frees the stage.
+  static constexpr bool kDqInStage = kSplitD;
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 2;
-  static constexpr int kOffsetdSt = (kTileKV + kTileV) * int(sizeof(Element)) + 2 * kStageBytes;
+  static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element)), kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
+  static_assert(!kDqInStage || (kTileQ == kTiledO && kTileQ * int(sizeof(Element)) * 2 == kDqTile * int(sizeof(float))));
+  static constexpr int kOffsetdSt = kOffsetQ + 2 * kStageBytes;
   static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
   static constexpr int kOffsetRows = kOffsetPt + (kSplitD ? 2 * kTileP * int(sizeof(Element)) : 0);
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
-  static constexpr int kOffsetBarriers = kOffsetDq + (kBulkDq ? kDqStages * kDqTile * int(sizeof(float)) : 0);
-  // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) where bulk.
+  static constexpr int kOffsetBarriers = kOffsetDq + (kDqInStage ? 0 : kDqStages * kDqTile * int(sizeof(float)));
+  // K, V; 2 x (Q, dO); 2 x dS^T (and P^T where split); 2 x (LSE, D); 2 x dQ (fp32) unless in the stages.
   static constexpr int kSmemBytes = kOffsetBarriers + int(sizeof(BwdBarriersSm90));
   static_assert(kSmemBytes <= 227 * 1024);
-  static_assert(!kBulkDq || kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
+  static_assert(kBlockM % kDqTurnRows == 0, "a query tile holds whole 64-row turns");
 };
 
 
@@ -346,29 +351,52 @@ __device__ __forceinline__ bool take_pair(cutlass::arch::ClusterBarrier& full, c
   }
 }
 
+// dQ staging buffer buf (fp32, kHeadDim floats a row): its first kBlockM / 2 rows from lo, the rest
+// from hi; in the stage's Q and dO buffers where kDqInStage, else in the buffers at kOffsetDq.
+struct DqStage {
+  float* lo;
+  float* hi;
+};
+template <class T>
+__device__ __forceinline__ DqStage dq_stage(char* smem, int buf) {
+  constexpr int kE = int(sizeof(typename T::Element));
+  if constexpr (T::kDqInStage) {
+    return {reinterpret_cast<float*>(smem + T::kOffsetQ + buf * T::kTileQ * kE),
+            reinterpret_cast<float*>(smem + T::kOffsetdO + buf * T::kTiledO * kE)};
+  } else {
+    float* d = reinterpret_cast<float*>(smem + T::kOffsetDq) + buf * T::kDqTile;
+    return {d, d + T::kDqTile / 2};
+  }
+}
+
 // A consumer thread's part of step t's dQ tile (fp32, columns placed by dq_column) into staging
-// buffer t % kDqStages, once the writer has read what that buffer last held.
+// buffer t % kDqStages: in buffers of its own once the writer has read what the buffer last held;
+// in the stage, once every consumer is done with it.
 template <class T, class Acc, class C>
-__device__ __forceinline__ void stage_dq(const Acc& acc_dq, const C& cdq, float* sdq, std::int64_t dq_row0, int t,
+__device__ __forceinline__ void stage_dq(const Acc& acc_dq, const C& cdq, char* smem, std::int64_t dq_row0, int t,
                                          BwdBarriersSm90& bars) {
   const int buf = t % T::kDqStages;
-  if (t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
-  float* d = sdq + buf * T::kDqTile;
+  if constexpr (!T::kDqInStage) {
+    if (t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
+  }
+  const DqStage d = dq_stage<T>(smem, buf);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dq); i += 2) {
     const int row = get<0>(cdq(i)), col = get<1>(cdq(i));
-    *reinterpret_cast<float2*>(d + row * T::kHeadDim + dq_column(dq_row0 + row, col)) =
-        make_float2(acc_dq(i), acc_dq(i + 1));
+    float* r = d.lo + row * T::kHeadDim;
+    if constexpr (T::kDqInStage) r = row < T::kBlockM / 2 ? r : d.hi + (row - T::kBlockM / 2) * T::kHeadDim;
+    *reinterpret_cast<float2*>(r + dq_column(dq_row0 + row, col)) = make_float2(acc_dq(i), acc_dq(i + 1));
   }
 }
 
 // The dQ writer thread: adds each staged query tile (its pair handed over by the consumers) into
-// the fp32 dQ rows with one bulk reduction and frees the buffer once it is read. The deterministic mode first waits for the tile's turn
+// the fp32 dQ rows with one bulk reduction (two in the stage: its halves) and frees the buffer, or
+// the stage, once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
 // it once the addition has landed, while the next tile's runs.
 template <class T, bool kDeterministic, bool kVariant, class W>
 __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
-                                                  int n_block, const float* sdq, BwdBarriersSm90& bars) {
+                                                  int n_block, char* smem, BwdBarriersSm90& bars) {
   constexpr int kBlockM = T::kBlockM;
   int* passing = nullptr;
   BwdPair x = w.first();
@@ -377,23 +405,35 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
     if (!take_pair<kVariant, T::kDqStages>(bars.dq_full[buf], bars.dq_pair[buf], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
-    const int bytes = min(kBlockM, s.sq - m0) * T::kHeadDim * int(sizeof(float));
+    const DqStage d = dq_stage<T>(smem, buf);
+    const int rows = min(kBlockM, s.sq - m0);
+    auto reduce = [&] {
+      constexpr int kRow = T::kHeadDim * int(sizeof(float)), kHalf = kBlockM / 2;
+      if constexpr (T::kDqInStage) {
+        bulk_reduce_add_f32(dq, d.lo, min(rows, kHalf) * kRow);
+        if (rows > kHalf) bulk_reduce_add_f32(dq + kHalf * T::kHeadDim, d.hi, (rows - kHalf) * kRow);
+      } else {
+        bulk_reduce_add_f32(dq, d.lo, rows * kRow);
+      }
+      bulk_commit();
+    };
     if constexpr (kDeterministic) {
       int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
       turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
-      bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
-      bulk_commit();
+      reduce();
       if (passing != nullptr) {
         bulk_wait<1>();
         turn_pass(passing);
       }
       passing = turn;
     } else {
-      bulk_reduce_add_f32(dq, sdq + buf * T::kDqTile, bytes);
-      bulk_commit();
+      reduce();
     }
     bulk_wait_read<0>();
-    bars.dq_empty[buf].arrive();
+    if constexpr (T::kDqInStage)
+      bars.empty[buf].arrive();
+    else
+      bars.dq_empty[buf].arrive();
     if constexpr (!kVariant) x = w.after(x);
   }
   bulk_wait<0>();
@@ -406,7 +446,7 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
 template <class T, bool kMods, bool kDeterministic, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
-  static_assert(!kDeterministic || (T::kBulkDq && !kVariant));
+  static_assert(!kDeterministic || !kVariant);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
@@ -451,7 +491,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(sdSt.data(), typename T::SmemLayoutdS{});
   float* rows = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetRows);  // per stage: LSE, D
-  float* sdq = reinterpret_cast<float*>(smem_bwd_sm90 + T::kOffsetDq);     // where kBulkDq
   auto& bars = *reinterpret_cast<BwdBarriersSm90*>(smem_bwd_sm90 + T::kOffsetBarriers);
 
   const int warp_group = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -462,7 +501,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
       bars.full[i].init(32);
-      bars.empty[i].init(kConsumers);
+      bars.empty[i].init(T::kDqInStage ? 1 : kConsumers);  // the writer frees a stage that held dQ
       bars.dq_full[i].init(kConsumers);
       bars.dq_empty[i].init(1);
     }
@@ -474,7 +513,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (T::kBulkDq && tid == 32) bwd_sm90_write_dq<T, kDeterministic, kVariant>(p, s, b, w, n_block, sdq, bars);
+    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, kVariant>(p, s, b, w, n_block, smem_bwd_sm90, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -567,22 +606,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warpgroup_wait<0>();
     warpgroup_fence_operand(rPt);  // the products reading P^T and dS^T from registers are done
     warpgroup_fence_operand(rdSt);
-    bars.empty[st].arrive();  // and those reading Q, dO
+    if constexpr (T::kDqInStage)
+      NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // and those reading Q, dO: dQ goes there
+    else
+      bars.empty[st].arrive();  // and those reading Q, dO
 
-    const std::int64_t dq_row0 = h * p.rows_total + s.row_base + m0;
-    if constexpr (T::kBulkDq) {
-      stage_dq<T>(acc_dq, cdq, sdq, dq_row0, t, bars);
-      if (kVariant && tc == 0) bars.dq_pair[t % T::kDqStages] = x;
-      cutlass::arch::fence_view_async_shared();
-      bars.dq_full[buf].arrive();
-    } else {
-      add_acc_quads<kHeadDim>(acc_dq, p.dq_accum + dq_row0 * kHeadDim, dq_row0, cdq, s.sq - m0);
-    }
+    stage_dq<T>(acc_dq, cdq, smem_bwd_sm90, h * p.rows_total + s.row_base + m0, t, bars);
+    if (kVariant && tc == 0) bars.dq_pair[t % T::kDqStages] = x;
+    cutlass::arch::fence_view_async_shared();
+    bars.dq_full[buf].arrive();
     if constexpr (!kVariant) x = w.after(x);
   }
-  if constexpr (T::kBulkDq && kVariant) {  // the writer's end of the walk
+  if constexpr (kVariant) {  // the writer's end of the walk
     const int buf = t % T::kDqStages;
-    if (t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
+    // In the stage, the writer is done with the buffer's pair: the loader waited for it to free
+    // the stage before ending the walk there.
+    if (!T::kDqInStage && t >= T::kDqStages) bars.dq_empty[buf].wait((t / T::kDqStages + 1) & 1);
     if (tc == 0) bars.dq_pair[buf].h = -1;
     asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
     bars.dq_full[buf].arrive();

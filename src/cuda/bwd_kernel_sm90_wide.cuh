@@ -96,6 +96,7 @@ struct BwdTraitsSm90Wide {
   static constexpr int kOffsetP = kOffsetdO + 2 * kTiledO * int(sizeof(Element));
   static constexpr int kOffsetdS = kOffsetP + kTileP * int(sizeof(Element));
   static constexpr int kOffsetRows = kOffsetdS + 2 * kTileP * int(sizeof(Element));
+  static constexpr bool kDqInStage = false;
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 1;
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
   static constexpr int kOffsetBarriers = kOffsetDq + kDqStages * kDqTile * int(sizeof(float));
@@ -170,7 +171,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sPt = make_tensor(sP.data(), typename T::template SmemLayoutPtOf<1>{});
   Tensor sdSt = make_tensor(sdS.data(), typename T::template SmemLayoutPtOf<2>{});
   float* rows = reinterpret_cast<float*>(smem_bwd_wide + T::kOffsetRows);  // per stage: LSE, D
-  float* sdq = reinterpret_cast<float*>(smem_bwd_wide + T::kOffsetDq);
   auto& bars = *reinterpret_cast<BwdBarriersSm90*>(smem_bwd_wide + T::kOffsetBarriers);
 
   const int warp_group = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
     if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, false>(p, s, b, w, n_block, sdq, bars);
+    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, false>(p, s, b, w, n_block, smem_bwd_wide, bars);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warpgroup_wait<0>();
     bars.empty[st].arrive();  // Q, dO read; dS too (its buffer's next writer waits at the barrier
                               // above of the tile between)
-    stage_dq<T>(acc_dq, cdq, sdq, h * p.rows_total + s.row_base + m0, t, bars);
+    stage_dq<T>(acc_dq, cdq, smem_bwd_wide, h * p.rows_total + s.row_base + m0, t, bars);
     cutlass::arch::fence_view_async_shared();
     bars.dq_full[0].arrive();
     x = w.after(x);

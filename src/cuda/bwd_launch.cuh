@@ -29,9 +29,8 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // Hopper: 128-key tiles (64 keys per warpgroup) up to head dim 128 as FlashAttention-3 tiles them,
 // with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
-// and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode beyond
-// head dim 128 (but for 192/128's plain calls), and with chunks, document ids or a block mask, runs
-// the portable kernels.
+// and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode with
+// chunks, document ids or a block mask runs the portable kernels.
 // narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
 template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 64> {
@@ -53,22 +52,14 @@ template <class E> struct BwdConfigSm90<E, 192> : BwdConfigSm90One<BwdTraitsSm90
 };
 template <class E> struct BwdConfigSm90<E, 256> : BwdConfigSm90One<BwdTraitsSm90<E, 256, 64, 64>> {};
 
-// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too. In
-// the deterministic mode only kernels that add dQ by bulk reductions do (their writer takes turns):
-// the split kernels do not, the 96-key one does (plain calls with V's head dim within its own).
+// Whether a call runs the Hopper kernel (else the portable ones), which decides the scratch too:
+// every Hopper kernel adds dQ by bulk reductions, whose writer takes turns in the deterministic mode
+// (g.sm90a is off for a deterministic variant call).
 template <DType kDtype, int kHeadDim>
 bool bwd_runs_sm90(const BwdGrid& g) {
 #ifdef TILEATTN_CUDA_SM90A
-  using C = BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>;
-  using H = typename C::type;
-  if constexpr (!std::is_void_v<H>) {
-    if constexpr (H::kBulkDq) return g.sm90a;
-    if (!g.deterministic) return g.sm90a;
-    if constexpr (!std::is_void_v<typename C::narrow_v>) {
-      return g.sm90a && !g.mods && !g.variant && g.d_v <= C::narrow_v::kHeadDimV;
-    }
-    return false;
-  }
+  if constexpr (!std::is_void_v<typename BwdConfigSm90<typename ElementOf<kDtype>::type, kHeadDim>::type>)
+    return g.sm90a;
 #endif
   return false;
 }
@@ -122,7 +113,7 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, const BwdGrid& g)
 template <class H, bool kMods, bool kVariant>
 void launch_bwd_sm90(const BwdParams& p, const BwdGrid& g) {
   auto kernel = bwd_kernel_sm90<H, kMods, false, kVariant>;
-  if constexpr (H::kBulkDq && !kVariant) {
+  if constexpr (!kVariant) {
     if (g.deterministic) kernel = bwd_kernel_sm90<H, kMods, true, false>;
   }
   launch_bwd_sm90_kernel<H>(kernel, p, g);

@@ -11,7 +11,7 @@
 namespace tileattn::cuda {
 
 struct BwdGrid {
-  int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k, d_v;
+  int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k;
   bool mods;           // softcap, ALiBi, dropout or a non-positive scale
   bool variant;        // chunks, document ids or a block mask (the kernels' kVariant instantiations)
   bool deterministic;  // bitwise-reproducible gradients

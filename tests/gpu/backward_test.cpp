@@ -189,7 +189,7 @@ TEST_F(GpuBackward, RandomSweep) {
 }
 
 // Many key and query tiles, GQA groups of 4 summed into dK and dV, both modes; head dim 256 (on
-// Hopper, warpgroups splitting the head dim) with a softcap.
+// Hopper, warpgroups splitting the head dim) with a softcap, in both modes.
 TEST_F(GpuBackward, LongSequencesGqaAndDeterministicMode) {
   const std::uint64_t seed = fresh_seed();
   Case c = base_case(DType::bf16, 700, 900, 128);
@@ -215,6 +215,8 @@ TEST_F(GpuBackward, LongSequencesGqaAndDeterministicMode) {
   c.options.causal = true;
   c.options.softcap = 10.f;
   check_case(c, seed + 5);
+  c.options.deterministic = true;  // on Hopper dQ staged in the consumed Q and dO stage, added in turn
+  check_case(c, seed + 6);
 }
 
 // options.deterministic: three runs give bitwise the same gradients, with many key blocks adding
