@@ -3,8 +3,8 @@
 // head of the GQA group stream by.
 //   Producer warpgroup (after giving most of its registers away): a loader warp streams Q and dO
 //   (TMA) with LSE and D (its lanes) through two stages, mbarriers counting what lands; a writer
-//   thread adds each query tile's dQ, staged in shared memory, into the fp32 dQ rows with one bulk
-//   reduction (up to head dim 128), in key-block order in the deterministic mode.
+//   thread adds each query tile's dQ, staged in shared memory, into the fp32 dQ rows by bulk
+//   reductions, in key-block order in the deterministic mode.
 //   Two consumer warpgroups: S^T = K Q^T and dP^T = V dO^T from shared memory (issued together;
 //   P^T is formed while dP^T is still in flight), dV += P^T dO, dK += dS^T Q, and dQ = dS K with
 //   dS^T through shared memory (the warpgroups split dQ's head dim). The one point where the
@@ -13,7 +13,8 @@
 // Up to head dim 128 each consumer warpgroup owns 64 keys and multiplies P^T and dS^T straight
 // from its registers. Beyond, 64 keys' dK and dV alone would take 256 registers a thread, so the
 // warpgroups share 64 keys: they split S^T's query columns and dK's, dV's head dim, exchange P^T
-// and dS^T through shared memory, and add dQ with 16-byte atomics.
+// and dS^T through shared memory, and stage dQ in the tile's own Q and dO stage once it is read (two
+// staging tiles of their own would not fit).
 // Shared memory uses wgmma's swizzled layouts; the transposed operands (dO^T, Q^T, K^T, dS) are
 // views read by the transposing (MN-major) operand modes, without copies.
 #pragma once
@@ -142,7 +143,8 @@ struct BwdTraitsSm90 {
   // bits), which its products have finished reading; the writer frees the stage.
   static constexpr bool kDqInStage = kSplitD;
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 2;
-  static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element)), kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
+  static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element));
+  static constexpr int kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
   static_assert(!kDqInStage || (kTileQ == kTiledO && kTileQ * int(sizeof(Element)) * 2 == kDqTile * int(sizeof(float))));
   static constexpr int kOffsetdSt = kOffsetQ + 2 * kStageBytes;
   static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
@@ -268,13 +270,13 @@ __device__ __forceinline__ void zero_rows(SQ&& sQ, SdO&& sdO, int first, int tw,
   cutlass::arch::NamedBarrier::sync(128, kBwdBarrierWarpGroup + wg);
 }
 
-// Adds a wgmma accumulator tile (M x N, fp32) into the dQ rows from row0 on (dq: row0's first
-// column; columns placed by dq_column) with 16-byte reductions, half as many as 8-byte ones: a
+// Adds a wgmma accumulator tile (M x N, fp32) into fp32 rows from row0 on (a GQA group's parts of
+// dK or dV; dst: row0's first column; columns placed by dq_column) with 16-byte reductions, half as many as 8-byte ones: a
 // thread holds column pairs (2q, 2q+1) of each 8-column group, so lanes q = 2j, 2j+1 trade pairs
 // and each adds 4 adjacent columns, of the even group or the odd one. Rows at or past rows_left are
 // skipped (every lane still takes part in the trades).
 template <int kCols, class Acc, class C>
-__device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::int64_t row0, const C& coord,
+__device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dst, std::int64_t row0, const C& coord,
                                               int rows_left) {
   const bool odd = threadIdx.x & 1;
   CUTE_UNROLL
@@ -295,7 +297,7 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dq, std::in
           const float4 v = odd ? make_float4(sx, sy, o0, o1) : make_float4(e0, e1, sx, sy);
           const int row = get<0>(coord(at(0, mine))), col = get<1>(coord(at(0, mine))) - (odd ? 2 : 0);
           if (row < rows_left)
-            atomicAdd(reinterpret_cast<float4*>(dq + row * kCols + dq_column(row0 + row, col)), v);
+            atomicAdd(reinterpret_cast<float4*>(dst + row * kCols + dq_column(row0 + row, col)), v);
         }
       }
     }
@@ -502,8 +504,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kE = int(sizeof(Element));
   Tensor sK = make_tensor(smem(0), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(smem(T::kTileKV * kE), typename T::SmemLayoutV{});
-  Tensor sQ = make_tensor(smem((T::kTileKV + T::kTileV) * kE), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(smem((T::kTileKV + T::kTileV + 2 * T::kTileQ) * kE), typename T::SmemLayoutdO{});
+  Tensor sQ = make_tensor(smem(T::kOffsetQ), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(smem(T::kOffsetdO), typename T::SmemLayoutdO{});
   Tensor sdSt = make_tensor(smem(T::kOffsetdSt), typename T::SmemLayoutdSt{});
   Tensor sPt = make_tensor(smem(T::kOffsetPt), typename T::SmemLayoutdSt{});  // where split
   Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});

@@ -4,7 +4,7 @@
 // accumulate transposed (dK^T += Q^T dS, dV^T += dO^T P), so a warpgroup's products read only its
 // own columns of P and dS: the warpgroups meet once a tile, when dS is complete for dQ = dS K (each
 // warpgroup half of dQ's head dim, staged in shared memory for the writer thread's bulk reduction,
-// as bwd_kernel_sm90.cuh does up to head dim 128). Against the split kernel of
+// as in bwd_kernel_sm90.cuh). Against the split kernel of
 // bwd_kernel_sm90.cuh (64 keys, both warpgroups on every key, P^T and dS^T exchanged), a query tile's
 // loads and dQ additions serve 1.5x the keys and each product is at least 48 columns wide.
 // The producer (loader warp, dQ writer), the walk and the barriers are bwd_kernel_sm90.cuh's. Plain
