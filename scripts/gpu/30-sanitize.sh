@@ -8,7 +8,8 @@
 #              on both kernel sets):
 #     forward                GpuForward.StridedViews (causal, GQA, strided views)
 #     backward               GpuBackward.VarlenWithEmptySequencesAndLargeLogits (varlen, then
-#                            causal in the deterministic mode, then batched)
+#                            causal in the deterministic mode, then batched) and
+#                            GpuBackward.SmallCaseOfEachHopperKernel (each Hopper kernel, both modes)
 #     decode, tensor cores   GpuDecode.CudaGraphCaptureAndReplay (paged, 3 splits merged, graph)
 #     decode append, rotary  GpuDecode.AppendWithRotaryOnEveryKernel (tensor-core kernel on pages
 #                            of 16 and of 5, CUDA-core kernel at head dim 256, each split)
@@ -24,7 +25,7 @@ tests=$BUILD/tests/tileattn_gpu_tests
 command -v compute-sanitizer >/dev/null || { echo "sanitize: compute-sanitizer not found" | tee -a "$OUT/summary.txt"; exit 1; }
 log=$OUT/sanitize.log
 : >"$log"
-fwd_bwd='GpuForward.StridedViews:GpuBackward.VarlenWithEmptySequencesAndLargeLogits'
+fwd_bwd='GpuForward.StridedViews:GpuBackward.VarlenWithEmptySequencesAndLargeLogits:GpuBackward.SmallCaseOfEachHopperKernel'
 one_case="$fwd_bwd:GpuDecode.CudaGraphCaptureAndReplay:GpuDecode.AppendWithRotaryOnEveryKernel"
 one_case+=':GpuNanSemantics.DecodeSplitsAndCombine:GpuVariant.SmallCasesOfEachVariant'
 

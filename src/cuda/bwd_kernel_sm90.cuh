@@ -195,6 +195,7 @@ struct BwdWalk {
   const FwdParams& f;
   Variant var;  // a copy: behind a reference it would live in local memory
   int b, n0, sq, sk, m_lo, m_end, h0, h_end;
+  int m_first;  // without kVariant, the row each head's walk starts at (wrapping to m_lo at m_end)
 
   __device__ TileMask mode(int h, int m0) const {
     const int m1 = min(m0 + kBlockM, sq);
@@ -225,13 +226,30 @@ struct BwdWalk {
       }
     } else {  // its mode is found where it is used
       x.m0 += kBlockM;
-      if (x.m0 >= m_end) x.m0 = m_lo * kBlockM, ++x.h;
+      if (x.m0 >= m_end) x.m0 = m_lo * kBlockM;
+      if (x.m0 == m_first) ++x.h;
       return x;
     }
   }
-  __device__ BwdPair first() const { return after({h0, (m_lo - 1) * kBlockM, TileMask::skip}); }
+  __device__ BwdPair first() const {
+    if constexpr (kVariant) return after({h0, (m_lo - 1) * kBlockM, TileMask::skip});
+    return {h0, m_first, TileMask::skip};
+  }
   __device__ bool done(const BwdPair& x) const { return x.h >= h_end; }
 };
+
+// Where key block n_block's walk starts in each head, from the tiles [m_lo, m_end / kBlockM). Where
+// every key block walks every query tile (no mask, or one that leaves this block's keys to every
+// row), each starts n_block tiles in, so that the blocks running together add their dQ to different
+// tiles rather than all to the same one at once (their Q and dO tiles, a few MB, stay in L2 between
+// readers). Not in the deterministic mode, whose turns need the key blocks to meet each tile in
+// order.
+template <int kBlockM, bool kDeterministic>
+__device__ __forceinline__ int walk_first_row(int m_lo, int m_end, int row_lo, int row_hi, int sq, int n_block) {
+  const int tiles = m_end / kBlockM - m_lo;
+  const bool rotate = !kDeterministic && row_lo == 0 && row_hi >= sq && tiles > 0;
+  return (m_lo + (rotate ? n_block % tiles : 0)) * kBlockM;
+}
 
 // Zeroes rows [first, kBlockM) of a Q or dO stage. Varlen only: a tile past a sequence's last row
 // holds the next sequence's rows, and a zero probability times a non-finite value would still make
@@ -478,7 +496,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;  // the group's heads this block walks
   const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
-  const BwdWalk<kBlockM, kBlockN, kVariant> w{f, var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0};
+  const BwdWalk<kBlockM, kBlockN, kVariant> w{
+      f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
+      walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
   constexpr int kE = int(sizeof(Element));

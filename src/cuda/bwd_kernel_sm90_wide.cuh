@@ -155,7 +155,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;
   const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
-  const BwdWalk<kBlockM, kBlockN, false> w{f, var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0};
+  const BwdWalk<kBlockM, kBlockN, false> w{
+      f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
+      walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_wide + bytes)); };
   Tensor sK = make_tensor(smem(0), typename T::SmemLayoutKV{});

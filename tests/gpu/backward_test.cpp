@@ -140,6 +140,27 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
     }
 }
 
+// One small case of each Hopper backward kernel, in both modes, for the sanitizer's racecheck,
+// synccheck and initcheck (scripts/gpu/30-sanitize.sh): 128-row tiles (64), 64-row ones with dQ
+// staged in buffers of its own (128), 96-key tiles with V's own head dim (192/128), and the split
+// head dim with dQ staged in the consumed stage (192, 256). Causal GQA, sizes no multiple of a tile.
+TEST_F(GpuBackward, SmallCaseOfEachHopperKernel) {
+  const std::uint64_t seed = fresh_seed();
+  for (auto [d, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}, std::pair{192, 192},
+                       std::pair{256, 256}}) {
+    Case c = base_case(DType::bf16, 150, 210, d);
+    c.hdim_v = dv;
+    c.batch = 1;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.options.causal = true;
+    check_case(c, seed + d + dv);
+    c.options.deterministic = true;
+    check_case(c, seed + d + dv + 1);
+    if (HasFailure()) return;
+  }
+}
+
 // Value head dims below the query/key one: 192/128 as DeepSeek's attention has it (on Hopper, 96-key
 // tiles with 128-column V and dO tiles, dK and dV transposed), 176/96 padded within them, 192/160 on
 // the kernel with 192-column V tiles; key lengths that are no multiple of a key tile; causal GQA, then
