@@ -18,8 +18,8 @@
 # The test names are the sources' (tests/gpu/); a name the binary does not list (a renamed test)
 # fails the step before anything runs.
 # TILEATTN_SANITIZE_TOOLS narrows the tools (default "memcheck racecheck synccheck initcheck").
-# Time on an H100 (an estimate, not measured yet): memcheck 5-10 minutes (the random sweeps'
-# fp64 oracle dominates), the other three 1-3 minutes each.
+# Time on an H100: racecheck, synccheck and initcheck 36 s together (2026-11-27); memcheck not
+# timed yet (an estimate: 5-10 minutes, the random sweeps' fp64 oracle dominating).
 set -uo pipefail
 tests=$BUILD/tests/tileattn_gpu_tests
 command -v compute-sanitizer >/dev/null || { echo "sanitize: compute-sanitizer not found" | tee -a "$OUT/summary.txt"; exit 1; }
