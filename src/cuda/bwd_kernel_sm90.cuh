@@ -38,12 +38,13 @@ struct BwdPair {
   TileMask mode;
 };
 
-// The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
-// landed / every consumer thread is done with it; a dQ staging buffer is written by every consumer
-// thread / read by the bulk reduction. Beside them, the pair each stage holds, which the loader
-// writes for the consumers (h < 0: the walk is over), so that they do not walk it themselves.
+// The block's mbarriers: a stage's Q with LSE, and its dO with D, have landed (TMA bytes and the
+// loader warp's 32 arrivals; apart, so that S^T's product starts before dO is in) / every consumer
+// thread is done with the stage; a dQ staging buffer is written by every consumer thread / read by
+// the bulk reduction. Beside them, the pair each stage holds, which the loader writes for the
+// consumers (h < 0: the walk is over, on full_q), so that they do not walk it themselves.
 struct BwdBarriersSm90 {
-  cutlass::arch::ClusterTransactionBarrier full[2];
+  cutlass::arch::ClusterTransactionBarrier full_q[2], full_do[2];
   cutlass::arch::ClusterBarrier empty[2], dq_full[2], dq_empty[2];
   BwdPair pair[2];
   BwdPair dq_pair[2];  // the pair whose dQ a staging buffer holds, for the writer (h < 0: no more)
@@ -305,8 +306,9 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dst, std::i
 }
 
 // The loader warp: per iteration it waits for the stage to be free, starts the TMA copies of Q and dO
-// (lane 0), and loads LSE and D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
-// probabilities are 0). Batched rows past the sequence arrive from TMA as zeros.
+// (lane 0), and loads LSE, then D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
+// probabilities are 0), each arriving on its own barrier. Batched rows past the sequence arrive from
+// TMA as zeros.
 template <class T, class W, class SQ, class SdO>
 __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
                                               const W& w, SQ& sQ, SdO& sdO, float* rows, BwdBarriersSm90& bars,
@@ -327,7 +329,7 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
     if (w.done(x)) {  // the stage carries the end of the walk, and nothing else
       if (lane == 0) bars.pair[st].h = -1;
       asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
-      bars.full[st].arrive();
+      bars.full_q[st].arrive();
       return;
     }
     if (lane == 0) {
@@ -337,19 +339,23 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
       const auto tile = make_coord(m0 / kBlockM, _0{});
       Tensor gQ = local_tile(domain_offset(make_coord(s.q_start, _0{}), mQ), TileQ{}, tile);
       Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TiledO{}, tile);
-      auto& full = reinterpret_cast<std::uint64_t&>(bars.full[st]);
-      bars.full[st].expect_transaction(T::kStageBytes);
-      copy(tma.q.with(full, 0), cq.partition_S(gQ), tQs(_, _, _, st));
-      copy(tma.dout.with(full, 0), cdo.partition_S(gdO), tdOs(_, _, _, st));
+      constexpr int kE = int(sizeof(typename T::Element));
+      bars.full_q[st].expect_transaction(T::kTileQ * kE);
+      bars.full_do[st].expect_transaction(T::kTiledO * kE);
+      copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.full_q[st]), 0), cq.partition_S(gQ), tQs(_, _, _, st));
+      copy(tma.dout.with(reinterpret_cast<std::uint64_t&>(bars.full_do[st]), 0), cdo.partition_S(gdO),
+           tdOs(_, _, _, st));
     }
     float* lse = rows + st * 2 * kBlockM;
-    for (int r = lane; r < kBlockM; r += 32) {
-      const bool in = m0 + r < s.sq;
-      lse[r] = in ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row] : -INFINITY;
-      lse[kBlockM + r] = in ? p.dsum[h * p.rows_total + s.row_base + m0 + r] : 0.f;
-    }
+    for (int r = lane; r < kBlockM; r += 32)
+      lse[r] = m0 + r < s.sq ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row]
+                             : -INFINITY;
     asm volatile("" ::: "memory");
-    bars.full[st].arrive();
+    bars.full_q[st].arrive();
+    for (int r = lane; r < kBlockM; r += 32)
+      lse[kBlockM + r] = m0 + r < s.sq ? p.dsum[h * p.rows_total + s.row_base + m0 + r] : 0.f;
+    asm volatile("" ::: "memory");
+    bars.full_do[st].arrive();
   }
 }
 
@@ -522,7 +528,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      bars.full[i].init(32);
+      bars.full_q[i].init(32);
+      bars.full_do[i].init(32);
       bars.empty[i].init(T::kDqInStage ? 1 : kConsumers);  // the writer frees a stage that held dQ
       bars.dq_full[i].init(kConsumers);
       bars.dq_empty[i].init(1);
@@ -586,12 +593,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (!kVariant) x = w.first();
   for (;; ++t) {
     const int st = t & 1, buf = t & 1;
-    if (!take_pair<kVariant>(bars.full[st], bars.pair[st], w, x, t)) break;
+    if (!take_pair<kVariant>(bars.full_q[st], bars.pair[st], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
-    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    const int phase = (t >> 1) & 1;
+    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) {
+      bars.full_do[st].wait(phase);
+      zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    }
 
     gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
+    bars.full_do[st].wait(phase);  // S^T's product is in flight
     gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
     // The rows' LSE and D are read only where needed: held across the products, they would spill.
     constexpr int kCols = decltype(size<1>(s_rc))::value;
