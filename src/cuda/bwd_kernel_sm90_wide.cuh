@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       bars.full_q[i].init(32);
       bars.full_do[i].init(32);
-      bars.empty[i].init(kConsumers);
+      bars.empty_q[i].init(kConsumers);
+      bars.empty_do[i].init(kConsumers);
       bars.dq_full[i].init(kConsumers);
       bars.dq_empty[i].init(1);
     }
@@ -290,8 +291,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
     gemm_wg<true>(mma_q, ddS_a(_, _, _, buf), dKt_b, acc_dq);
     warpgroup_wait<0>();
-    bars.empty[st].arrive();  // Q, dO read; dS too (its buffer's next writer waits at the barrier
-                              // above of the tile between)
+    // Q, dO read; dS too (its buffer's next writer waits at the barrier above of the tile between).
+    bars.empty_q[st].arrive();
+    bars.empty_do[st].arrive();
     stage_dq<T>(acc_dq, cdq, smem_bwd_wide, h * p.rows_total + s.row_base + m0, t, bars);
     cutlass::arch::fence_view_async_shared();
     bars.dq_full[0].arrive();
