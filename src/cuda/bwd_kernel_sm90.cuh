@@ -38,13 +38,15 @@ struct BwdPair {
   TileMask mode;
 };
 
-// The block's mbarriers: a stage's Q, dO (TMA bytes) and LSE, D (the loader warp's 32 arrivals) have
-// landed / every consumer thread is done with it; a dQ staging buffer is written by every consumer
-// thread / read by the bulk reduction. Beside them, the pair each stage holds, which the loader
-// writes for the consumers (h < 0: the walk is over), so that they do not walk it themselves.
+// The block's mbarriers: a stage's Q with LSE, and its dO with D, have landed (TMA bytes and the
+// loader warp's 32 arrivals; apart, so that S^T's product starts before dO is in) / are free again
+// (every consumer thread is done with the stage, or where dQ is staged in it, the writer's
+// reduction of that half has read it); a dQ staging buffer is written by every consumer thread /
+// read by the bulk reduction. Beside them, the pair each stage holds, which the loader writes for
+// the consumers (h < 0: the walk is over, on full_q), so that they do not walk it themselves.
 struct BwdBarriersSm90 {
-  cutlass::arch::ClusterTransactionBarrier full[2];
-  cutlass::arch::ClusterBarrier empty[2], dq_full[2], dq_empty[2];
+  cutlass::arch::ClusterTransactionBarrier full_q[2], full_do[2];
+  cutlass::arch::ClusterBarrier empty_q[2], empty_do[2], dq_full[2], dq_empty[2];
   BwdPair pair[2];
   BwdPair dq_pair[2];  // the pair whose dQ a staging buffer holds, for the writer (h < 0: no more)
 };
@@ -304,9 +306,10 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dst, std::i
   }
 }
 
-// The loader warp: per iteration it waits for the stage to be free, starts the TMA copies of Q and dO
-// (lane 0), and loads LSE and D (every lane; rows past the sequence get LSE = -inf, D = 0, so their
-// probabilities are 0). Batched rows past the sequence arrive from TMA as zeros.
+// The loader warp: per iteration it waits for the stage's Q half to be free, starts Q's TMA copy
+// (lane 0) and stores the rows' LSE (every lane), then the same for dO and D, each half on barriers
+// of its own. Rows past the sequence get LSE = -inf, D = 0, so their probabilities are 0; batched
+// rows past the sequence arrive from TMA as zeros.
 template <class T, class W, class SQ, class SdO>
 __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
                                               const W& w, SQ& sQ, SdO& sdO, float* rows, BwdBarriersSm90& bars,
@@ -320,36 +323,53 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   auto cdo = tma.dout.get_slice(_0{});
   Tensor tQs = cq.partition_D(sQ);  // (TMA, _1, _1, stages)
   Tensor tdOs = cdo.partition_D(sdO);
+  constexpr int kRowsPerLane = kBlockM / 32;
+  static_assert(kBlockM % 32 == 0);
   int t = 0;
   for (BwdPair x = w.first();; x = w.after(x), ++t) {
-    const int st = t & 1, h = x.h, m0 = x.m0;
-    if (t >= 2) bars.empty[st].wait(((t >> 1) + 1) & 1);
+    const int st = t & 1, h = x.h, m0 = x.m0, ph = ((t >> 1) + 1) & 1;
+    // The rows' LSE and D are read from global memory before the waits, which their latency hides.
+    float l[kRowsPerLane], d[kRowsPerLane];
+    if (!w.done(x)) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int r = m0 + lane + 32 * i;
+        l[i] = r < s.sq ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + r) * f.lse_row] : -INFINITY;
+        d[i] = r < s.sq ? p.dsum[h * p.rows_total + s.row_base + r] : 0.f;
+      }
+    }
+    if (t >= 2) bars.empty_q[st].wait(ph);
     if (w.done(x)) {  // the stage carries the end of the walk, and nothing else
       if (lane == 0) bars.pair[st].h = -1;
       asm volatile("" ::: "memory");  // the store stays ahead of the arrive (release)
-      bars.full[st].arrive();
+      bars.full_q[st].arrive();
       return;
     }
+    const auto tile = make_coord(m0 / kBlockM, _0{});
     if (lane == 0) {
       bars.pair[st] = x;
       Tensor mQ = tma.q.get_tma_tensor(tma.q_shape)(_, _, h, bt);
-      Tensor mdO = tma.dout.get_tma_tensor(tma.do_shape)(_, _, h, bt);
-      const auto tile = make_coord(m0 / kBlockM, _0{});
       Tensor gQ = local_tile(domain_offset(make_coord(s.q_start, _0{}), mQ), TileQ{}, tile);
-      Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TiledO{}, tile);
-      auto& full = reinterpret_cast<std::uint64_t&>(bars.full[st]);
-      bars.full[st].expect_transaction(T::kStageBytes);
-      copy(tma.q.with(full, 0), cq.partition_S(gQ), tQs(_, _, _, st));
-      copy(tma.dout.with(full, 0), cdo.partition_S(gdO), tdOs(_, _, _, st));
+      bars.full_q[st].expect_transaction(T::kTileQ * int(sizeof(typename T::Element)));
+      copy(tma.q.with(reinterpret_cast<std::uint64_t&>(bars.full_q[st]), 0), cq.partition_S(gQ), tQs(_, _, _, st));
     }
     float* lse = rows + st * 2 * kBlockM;
-    for (int r = lane; r < kBlockM; r += 32) {
-      const bool in = m0 + r < s.sq;
-      lse[r] = in ? f.lse[b * f.lse_batch + h * f.lse_head + std::int64_t(s.q_start + m0 + r) * f.lse_row] : -INFINITY;
-      lse[kBlockM + r] = in ? p.dsum[h * p.rows_total + s.row_base + m0 + r] : 0.f;
-    }
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerLane; ++i) lse[lane + 32 * i] = l[i];
     asm volatile("" ::: "memory");
-    bars.full[st].arrive();
+    bars.full_q[st].arrive();
+    if (t >= 2) bars.empty_do[st].wait(ph);
+    if (lane == 0) {
+      Tensor mdO = tma.dout.get_tma_tensor(tma.do_shape)(_, _, h, bt);
+      Tensor gdO = local_tile(domain_offset(make_coord(s.q_start, _0{}), mdO), TiledO{}, tile);
+      bars.full_do[st].expect_transaction(T::kTiledO * int(sizeof(typename T::Element)));
+      copy(tma.dout.with(reinterpret_cast<std::uint64_t&>(bars.full_do[st]), 0), cdo.partition_S(gdO),
+           tdOs(_, _, _, st));
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerLane; ++i) lse[kBlockM + lane + 32 * i] = d[i];
+    asm volatile("" ::: "memory");
+    bars.full_do[st].arrive();
   }
 }
 
@@ -427,33 +447,45 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
     const DqStage d = dq_stage<T>(smem, buf);
     const int rows = min(kBlockM, s.sq - m0);
+    // In the stage, each half is a group of its own, so that the Q half is freed for the loader
+    // as soon as it is read.
+    constexpr int kRow = T::kHeadDim * int(sizeof(float)), kHalf = kBlockM / 2;
+    const bool two = T::kDqInStage && rows > kHalf;
     auto reduce = [&] {
-      constexpr int kRow = T::kHeadDim * int(sizeof(float)), kHalf = kBlockM / 2;
-      if constexpr (T::kDqInStage) {
-        bulk_reduce_add_f32(dq, d.lo, min(rows, kHalf) * kRow);
-        if (rows > kHalf) bulk_reduce_add_f32(dq + kHalf * T::kHeadDim, d.hi, (rows - kHalf) * kRow);
-      } else {
-        bulk_reduce_add_f32(dq, d.lo, rows * kRow);
-      }
+      bulk_reduce_add_f32(dq, d.lo, (T::kDqInStage ? min(rows, kHalf) : rows) * kRow);
       bulk_commit();
+      if (two) {
+        bulk_reduce_add_f32(dq + kHalf * T::kHeadDim, d.hi, (rows - kHalf) * kRow);
+        bulk_commit();
+      }
     };
     if constexpr (kDeterministic) {
       int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
       turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
       reduce();
-      if (passing != nullptr) {
-        bulk_wait<1>();
+      if (passing != nullptr) {  // the previous tile's additions have landed
+        if (two)
+          bulk_wait<2>();
+        else
+          bulk_wait<1>();
         turn_pass(passing);
       }
       passing = turn;
     } else {
       reduce();
     }
-    bulk_wait_read<0>();
-    if constexpr (T::kDqInStage)
-      bars.empty[buf].arrive();
-    else
+    if constexpr (T::kDqInStage) {
+      if (two)
+        bulk_wait_read<1>();
+      else
+        bulk_wait_read<0>();
+      bars.empty_q[buf].arrive();
+      bulk_wait_read<0>();
+      bars.empty_do[buf].arrive();
+    } else {
+      bulk_wait_read<0>();
       bars.dq_empty[buf].arrive();
+    }
     if constexpr (!kVariant) x = w.after(x);
   }
   bulk_wait<0>();
@@ -522,8 +554,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      bars.full[i].init(32);
-      bars.empty[i].init(T::kDqInStage ? 1 : kConsumers);  // the writer frees a stage that held dQ
+      bars.full_q[i].init(32);
+      bars.full_do[i].init(32);
+      bars.empty_q[i].init(T::kDqInStage ? 1 : kConsumers);  // the writer frees a stage that held dQ
+      bars.empty_do[i].init(T::kDqInStage ? 1 : kConsumers);
       bars.dq_full[i].init(kConsumers);
       bars.dq_empty[i].init(1);
     }
@@ -586,12 +620,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (!kVariant) x = w.first();
   for (;; ++t) {
     const int st = t & 1, buf = t & 1;
-    if (!take_pair<kVariant>(bars.full[st], bars.pair[st], w, x, t)) break;
+    if (!take_pair<kVariant>(bars.full_q[st], bars.pair[st], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     const BwdHead hd(f, b, h);
-    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    const int phase = (t >> 1) & 1;
+    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) {
+      bars.full_do[st].wait(phase);
+      zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    }
 
     gemm_wg<true>(mma_sdp, dK_a, dQ_b(_, _, _, st), acc_s);
+    bars.full_do[st].wait(phase);  // S^T's product is in flight
     gemm_wg<true>(mma_sdp, dV_a, ddO_b(_, _, _, st), acc_dp);
     // The rows' LSE and D are read only where needed: held across the products, they would spill.
     constexpr int kCols = decltype(size<1>(s_rc))::value;
@@ -630,8 +669,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warpgroup_fence_operand(rdSt);
     if constexpr (T::kDqInStage)
       NamedBarrier::sync(kConsumers, kBwdBarrierConsumers);  // and those reading Q, dO: dQ goes there
-    else
-      bars.empty[st].arrive();  // and those reading Q, dO
+    else {
+      bars.empty_q[st].arrive();  // and those reading Q, dO
+      bars.empty_do[st].arrive();
+    }
 
     stage_dq<T>(acc_dq, cdq, smem_bwd_sm90, h * p.rows_total + s.row_base + m0, t, bars);
     if (kVariant && tc == 0) bars.dq_pair[t % T::kDqStages] = x;

@@ -90,7 +90,6 @@ struct BwdTraitsSm90Wide {
 
   static constexpr int kTileQ = kBlockM * kHeadDim, kTiledO = kBlockM * kHeadDimV;
   static constexpr int kTileKV = kBlockN * kHeadDim, kTileV = kBlockN * kHeadDimV, kTileP = kBlockM * kBlockN;
-  static constexpr int kStageBytes = (kTileQ + kTiledO) * int(sizeof(Element));
   static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element));
   static constexpr int kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
   static constexpr int kOffsetP = kOffsetdO + 2 * kTiledO * int(sizeof(Element));
@@ -182,8 +181,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      bars.full[i].init(32);
-      bars.empty[i].init(kConsumers);
+      bars.full_q[i].init(32);
+      bars.full_do[i].init(32);
+      bars.empty_q[i].init(kConsumers);
+      bars.empty_do[i].init(kConsumers);
       bars.dq_full[i].init(kConsumers);
       bars.dq_empty[i].init(1);
     }
@@ -247,11 +248,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   BwdPair x = w.first();
   for (int t = 0;; ++t) {
     const int st = t & 1, buf = t & 1;
-    if (!take_pair<false>(bars.full[st], bars.pair[st], w, x, t)) break;
+    if (!take_pair<false>(bars.full_q[st], bars.pair[st], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
-    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    const int phase = (t >> 1) & 1;
+    if (f.cu_q != nullptr && m0 + kBlockM > s.sq) {
+      bars.full_do[st].wait(phase);
+      zero_rows<T>(sQ(_, _, st), sdO(_, _, st), s.sq - m0, tw, wg);
+    }
 
     gemm_wg<true>(mma_s, dQ_a(_, _, _, st), dK_b, acc_s);
+    bars.full_do[st].wait(phase);  // S's product is in flight
     gemm_wg<true>(mma_s, ddO_a(_, _, _, st), dV_b, acc_dp);
     const float* lse = rows + st * 2 * kBlockM;
     const bool masked = w.mode(h, m0) == TileMask::rules;
@@ -285,8 +291,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     Tensor acc_dq = partition_fragment_C(mma_q, TileQ{});
     gemm_wg<true>(mma_q, ddS_a(_, _, _, buf), dKt_b, acc_dq);
     warpgroup_wait<0>();
-    bars.empty[st].arrive();  // Q, dO read; dS too (its buffer's next writer waits at the barrier
-                              // above of the tile between)
+    // Q, dO read; dS too (its buffer's next writer waits at the barrier above of the tile between).
+    bars.empty_q[st].arrive();
+    bars.empty_do[st].arrive();
     stage_dq<T>(acc_dq, cdq, smem_bwd_wide, h * p.rows_total + s.row_base + m0, t, bars);
     cutlass::arch::fence_view_async_shared();
     bars.dq_full[0].arrive();

@@ -143,7 +143,9 @@ TEST_F(GpuBackward, EveryHeadDimAndDtype) {
 // One small case of each Hopper backward kernel, in both modes, for the sanitizer's racecheck,
 // synccheck and initcheck (scripts/gpu/30-sanitize.sh): 128-row tiles (64), 64-row ones with dQ
 // staged in buffers of its own (128), 96-key tiles with V's own head dim (192/128), and the split
-// head dim with dQ staged in the consumed stage (192, 256). Causal GQA, sizes no multiple of a tile.
+// head dim with dQ staged in the consumed stage (192, 256). Causal GQA, sizes no multiple of a tile
+// (the last query tile of 150 rows holds 22, under half of a 64-row tile); then varlen, whose tiles
+// past a sequence's end have their rows zeroed in the stage.
 TEST_F(GpuBackward, SmallCaseOfEachHopperKernel) {
   const std::uint64_t seed = fresh_seed();
   for (auto [d, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}, std::pair{192, 192},
@@ -157,6 +159,12 @@ TEST_F(GpuBackward, SmallCaseOfEachHopperKernel) {
     check_case(c, seed + d + dv);
     c.options.deterministic = true;
     check_case(c, seed + d + dv + 1);
+    c.batch = 3;
+    c.varlen = true;
+    c.lens_q = {150, 0, 100};
+    c.lens_k = {120, 40, 210};
+    c.options.deterministic = false;
+    check_case(c, seed + d + dv + 2);
     if (HasFailure()) return;
   }
 }
