@@ -492,6 +492,40 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   if (kDeterministic && passing != nullptr) turn_pass(passing);
 }
 
+// A block's key block, sequence and (KV head, group part). Key blocks are the fastest index: blocks
+// running together share their Q and dO (and dQ rows) in L2, which the tiles' products need (making
+// the key block the slowest index, to start every head's longest causal blocks first, halved causal
+// speed at 2k tokens: bench/notes/backward.md). The deterministic mode runs key blocks last to
+// first: each query tile's dQ is added in that order, so a block only waits for blocks that started
+// before it (no wait on one that has no SM yet), and under a causal mask for blocks that reached the
+// tile earlier (they start lower). It takes them kChain at a time over every (sequence, head), so
+// that the blocks running together wait down chains of kChain blocks, not down one head's whole row.
+struct BwdBlock {
+  int n, b, z;
+};
+template <bool kDeterministic>
+__device__ __forceinline__ BwdBlock bwd_block() {
+  if constexpr (!kDeterministic) {
+    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  } else {
+    constexpr int kChain = 8;
+    const int keys = gridDim.x, pairs = gridDim.y * gridDim.z;
+    const int i = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);  // launch order
+    const int whole = keys / kChain * kChain;  // key blocks in whole chunks
+    int k, yz;
+    if (i < whole * pairs) {
+      const int r = i % (kChain * pairs);
+      k = i / (kChain * pairs) * kChain + r % kChain;
+      yz = r / kChain;
+    } else {
+      const int rest = keys - whole, r = i - whole * pairs;
+      k = whole + r % rest;
+      yz = r / rest;
+    }
+    return {keys - 1 - k, yz % int(gridDim.y), yz / int(gridDim.y)};
+  }
+}
+
 // kMods, kVariant: as in the portable kernels (bwd_kernel.cuh, key_tiles.cuh). The variant's
 // instantiation is not deterministic: a block mask's visited key blocks per query tile, which the
 // turns count, are not a range.
@@ -505,14 +539,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
   const FwdParams& f = p.fwd;
-  // Key tiles are the fastest index: blocks running together share their Q and dO (and dQ rows) in
-  // L2, which the tiles' products need (making the key tile the slowest index, to start every
-  // head's longest causal tiles first, halved causal speed at 2k tokens: bench/notes/backward.md).
-  // The deterministic mode runs key blocks last to first: each query tile's dQ is added in that
-  // order, so a block only waits for blocks that started before it (no wait on one that has no SM
-  // yet), and under a causal mask for blocks that reached the tile earlier (they start lower).
-  const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
+  const BwdBlock blk = bwd_block<kDeterministic>();
+  const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -527,7 +555,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int m_lo = row_lo / kBlockM;
   const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;  // the group's heads this block walks
-  const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
+  const int h0 = hk * f.group + blk.z % p.group_parts * heads;
   const BwdWalk<kBlockM, kBlockN, kVariant> w{
       f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
       walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};

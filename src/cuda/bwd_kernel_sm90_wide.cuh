@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_wide[];
   const FwdParams& f = p.fwd;
-  const int n_block = kDeterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int b = blockIdx.y, hk = int(blockIdx.z) / p.group_parts, tid = threadIdx.x;
+  const BwdBlock blk = bwd_block<kDeterministic>();
+  const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int m_lo = row_lo / kBlockM;
   const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
   const int heads = f.group / p.group_parts;
-  const int h0 = hk * f.group + int(blockIdx.z) % p.group_parts * heads;
+  const int h0 = hk * f.group + blk.z % p.group_parts * heads;
   const BwdWalk<kBlockM, kBlockN, false> w{
       f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
       walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
