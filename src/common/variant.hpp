@@ -40,6 +40,7 @@ struct Variant {
   // Where the sequence's ids are sorted on both sides: row i's document's keys are the run
   // [doc_keys[2i], doc_keys[2i + 1]) (empty where it has none), intersected with the row's range
   // instead of tested per element; both ends never decrease with the row. Null: none, or unsorted.
+  // The CPU backend's (DocumentRuns builds them); read through runs().
   const int* doc_keys = nullptr;
   // A block mask's dense element mask as one query head of the sequence sees it (row i, key j at
   // dense[i * dense_row + j * dense_col], non-zero: visible); null: none. Per head, so the backends
@@ -64,7 +65,7 @@ struct Variant {
       const int c = chunk_start(position(i));
       b = c > b ? c : b;
     }
-    if (doc_keys != nullptr) {
+    if (runs() != nullptr) {
       const int d = doc_begin(i);
       b = d > b ? d : b;
     }
@@ -77,19 +78,28 @@ struct Variant {
       e = c < e ? c : e;
     }
     e = prefix_end(e);
-    if (doc_keys != nullptr) {
+    if (runs() != nullptr) {
       const int d = doc_end(i);
       e = d < e ? d : e;
     }
     return e;
   }
-  // Row i's run of keys in its document (doc_keys), taken as empty at the keys' end for a row past
-  // the sequence (a tile's rows may run past it): the ends still never decrease.
-  TA_HD int doc_begin(int i) const { return i < mask.seqlen_q ? doc_keys[2 * i] : mask.seqlen_k; }
-  TA_HD int doc_end(int i) const { return i < mask.seqlen_q ? doc_keys[2 * i + 1] : mask.seqlen_k; }
+  // The runs where there are: the CUDA kernels never get any (they test the ids per element), so
+  // device code reads none, and compiles as it would without them.
+  TA_HD const int* runs() const {
+#ifdef __CUDA_ARCH__
+    return nullptr;
+#else
+    return doc_keys;
+#endif
+  }
+  // Row i's run of keys in its document, taken as empty at the keys' end for a row past the
+  // sequence (a tile's rows may run past it): the ends still never decrease.
+  TA_HD int doc_begin(int i) const { return i < mask.seqlen_q ? runs()[2 * i] : mask.seqlen_k; }
+  TA_HD int doc_end(int i) const { return i < mask.seqlen_q ? runs()[2 * i + 1] : mask.seqlen_k; }
   TA_HD bool documents() const { return doc_q != nullptr; }
   // Whether document ids need the per-element test (unsorted ids; sorted ones narrow the ranges).
-  TA_HD bool document_tests() const { return doc_q != nullptr && doc_keys == nullptr; }
+  TA_HD bool document_tests() const { return doc_q != nullptr && runs() == nullptr; }
   TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
   TA_HD bool dense_mask() const { return dense != nullptr; }
   // Whether visibility has a per-element test beyond the rows' key ranges.

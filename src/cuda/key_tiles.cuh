@@ -15,11 +15,9 @@ namespace tileattn::cuda {
 
 // The variant as an instantiation sees it: without kVariant, no chunks, no document ids and no
 // prefix (which the cuda backend does not take) and no dense mask, as constants the compiler folds
-// away. Sorted document ids' per-row key runs (doc_keys) are the CPU backend's: the kernels test
-// document ids per element.
+// away.
 template <bool kVariant>
 __device__ __forceinline__ Variant restricted(Variant v) {
-  v.doc_keys = nullptr;
   if constexpr (!kVariant) {
     v.chunk = 0;
     v.prefix = 0;
