@@ -6,10 +6,11 @@
 //   keep:       dropout's Philox bit (Dropout);
 //   blocks:     which keys a block of query rows visits (fully, partly or not at all), and the
 //               transpose for the backward (which query rows a block of keys meets).
-// Every visibility rule here but document ids gives each query row one contiguous range of keys
-// whose ends never decrease with the row, so a tile of rows needs only per-row bounds and block
-// ranges stay dense; document ids are an element test on top (same_document), and so is a
-// block-sparse call's dense boolean mask (dense_visible).
+// Every visibility rule here gives each query row one contiguous range of keys whose ends never
+// decrease with the row, so a tile of rows needs only per-row bounds and block ranges stay dense;
+// so do document ids where both sides' ids are sorted (packed sequences: each document one run of
+// rows and one of keys, doc_keys). Unsorted document ids are an element test on top
+// (same_document), and so is a block-sparse call's dense boolean mask (dense_visible).
 // Block-sparse masks (an explicit list of key blocks per query block) sit on top of it: their
 // partly visible blocks take this element mask.
 #pragma once
@@ -36,6 +37,11 @@ struct Variant {
   const int* doc_q = nullptr;
   const int* doc_k = nullptr;
   long long doc_q_stride = 1, doc_k_stride = 1;
+  // Where the sequence's ids are sorted on both sides: row i's document's keys are the run
+  // [doc_keys[2i], doc_keys[2i + 1]) (empty where it has none), intersected with the row's range
+  // instead of tested per element; both ends never decrease with the row. Null: none, or unsorted.
+  // The CPU backend's (DocumentRuns builds them); read through runs().
+  const int* doc_keys = nullptr;
   // A block mask's dense element mask as one query head of the sequence sees it (row i, key j at
   // dense[i * dense_row + j * dense_col], non-zero: visible); null: none. Per head, so the backends
   // set it where they pick the head; it reaches only partly visible blocks, which is all `visit`
@@ -59,6 +65,10 @@ struct Variant {
       const int c = chunk_start(position(i));
       b = c > b ? c : b;
     }
+    if (runs() != nullptr) {
+      const int d = doc_begin(i);
+      b = d > b ? d : b;
+    }
     return b;
   }
   TA_HD int key_end(int i) const {
@@ -67,16 +77,36 @@ struct Variant {
       const int c = chunk_start(position(i)) + chunk;
       e = c < e ? c : e;
     }
-    return prefix_end(e);
+    e = prefix_end(e);
+    if (runs() != nullptr) {
+      const int d = doc_end(i);
+      e = d < e ? d : e;
+    }
+    return e;
   }
+  // The runs where there are: the CUDA kernels never get any (they test the ids per element), so
+  // device code reads none, and compiles as it would without them.
+  TA_HD const int* runs() const {
+#ifdef __CUDA_ARCH__
+    return nullptr;
+#else
+    return doc_keys;
+#endif
+  }
+  // Row i's run of keys in its document, taken as empty at the keys' end for a row past the
+  // sequence (a tile's rows may run past it): the ends still never decrease.
+  TA_HD int doc_begin(int i) const { return i < mask.seqlen_q ? runs()[2 * i] : mask.seqlen_k; }
+  TA_HD int doc_end(int i) const { return i < mask.seqlen_q ? runs()[2 * i + 1] : mask.seqlen_k; }
   TA_HD bool documents() const { return doc_q != nullptr; }
+  // Whether document ids need the per-element test (unsorted ids; sorted ones narrow the ranges).
+  TA_HD bool document_tests() const { return doc_q != nullptr && runs() == nullptr; }
   TA_HD bool same_document(int i, int j) const { return doc_q[i * doc_q_stride] == doc_k[j * doc_k_stride]; }
   TA_HD bool dense_mask() const { return dense != nullptr; }
   // Whether visibility has a per-element test beyond the rows' key ranges.
-  TA_HD bool element_tests() const { return documents() || dense_mask(); }
+  TA_HD bool element_tests() const { return document_tests() || dense_mask(); }
   TA_HD bool dense_visible(int i, int j) const { return dense[i * dense_row + j * dense_col] != 0; }
   TA_HD bool visible(int i, int j) const {
-    return j >= key_begin(i) && j < key_end(i) && (!documents() || same_document(i, j)) &&
+    return j >= key_begin(i) && j < key_end(i) && (!document_tests() || same_document(i, j)) &&
            (!dense_mask() || dense_visible(i, j));
   }
 
@@ -100,12 +130,12 @@ struct Variant {
   }
 
   // Rows [i0, i1) (non-empty) against keys [j0, j1): from the end rows' ranges, since the ends
-  // never decrease with the row. Exact for causal and window; under chunks a partial block may
-  // see nothing (rows of two chunks around keys between them), under document ids or a dense mask
-  // a block inside the ranges is partial.
+  // never decrease with the row. Exact for causal and window; under chunks or sorted document ids
+  // a partial block may see nothing (rows of two chunks or documents around keys between them),
+  // under unsorted document ids or a dense mask a block inside the ranges is partial.
   TA_HD BlockVisit visit(int i0, int i1, int j0, int j1) const {
     if (j0 >= key_end(i1 - 1) || j1 <= key_begin(i0)) return BlockVisit::skip;
-    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !documents() && !dense_mask()) return BlockVisit::full;
+    if (j0 >= key_begin(i1 - 1) && j1 <= key_end(i0) && !element_tests()) return BlockVisit::full;
     return BlockVisit::partial;
   }
 

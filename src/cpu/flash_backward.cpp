@@ -17,6 +17,7 @@
 #include "core/backends.hpp"
 #include "cpu/amx.hpp"
 #include "cpu/block_sparse.hpp"
+#include "cpu/document_runs.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
@@ -144,6 +145,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
   const BlockTiling ktiling(kBc, p.block_k);
   const std::optional<TransposedBlockMask> sparse =
       p.block_sparse() ? std::optional<TransposedBlockMask>(std::in_place, p, a.block_mask) : std::nullopt;
+  const DocumentRuns docs(p, a.cu_seqlens_q, a.cu_seqlens_k, a.document_ids_q, a.document_ids_k);
   const int Dk = amx::pad32(D), DVk = amx::pad32(DV);  // AMX: K's and V's rows in whole tile columns
   const std::size_t kc = kBc, kr = kBr;
   const std::size_t work_floats = kc * (Dp + DVp) + 3 * kc * kr +
@@ -173,7 +175,7 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
       const int b = static_cast<int>(t / groups / p.heads_kv);
       const Seq s = sequence(p, a.cu_seqlens_q, a.cu_seqlens_k, b);
       Variant var = p.variant(s.sq, s.sk, a.options);
-      set_documents(p, a.document_ids_q, a.document_ids_k, b, s, var);
+      docs.set(b, s, var);
       set_prefix(p, a.prefix_lens, b, var);
       const char* kbase = reinterpret_cast<const char*>(ptr(a.k, b, s.k0, g));
       const char* vbase = reinterpret_cast<const char*>(ptr(a.v, b, s.k0, g));
@@ -261,9 +263,11 @@ void BackwardT(const Problem& p, const BackwardArgs& a) {
           if (!sparse) {
             // Rows whose key range meets [j0, j1): contiguous, as both range ends grow with i.
             // Whole query tiles are taken; their rows outside that range are masked out entirely.
+            // A tile none of whose rows sees these keys (other documents) adds nothing.
             const int ilo = var.row_begin(j0), ihi = var.row_end(j1);
             for (int qb = ilo / kBr; qb * kBr < ihi; ++qb) {
               const int i0 = qb * kBr, n = std::min(kBr, s.sq - i0);
+              if (var.visit(i0, i0 + n, j0, j1) == BlockVisit::skip) continue;
               rows.reset();
               for (int r = 0; r < n; ++r) rows.set(r, var, i0 + r, slope, bh);
               rows.finish(n);

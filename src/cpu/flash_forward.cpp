@@ -11,6 +11,7 @@
 #include "core/backends.hpp"
 #include "cpu/amx.hpp"
 #include "cpu/block_sparse.hpp"
+#include "cpu/document_runs.hpp"
 #include "cpu/kv_copy.hpp"
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
@@ -129,6 +130,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
   const std::int64_t qblocks = qtiling.tiles(p.seqlen_q);
   const std::optional<BlockMaskRows> sparse =
       p.block_sparse() ? std::optional<BlockMaskRows>(std::in_place, a.block_mask) : std::nullopt;
+  const DocumentRuns docs(p, a.cu_seqlens_q, a.cu_seqlens_k, a.document_ids_q, a.document_ids_k);
   const std::size_t es = sizeof(T);
   const std::int64_t qs = (p.varlen ? a.q.stride[0] : a.q.stride[1]) * es;
   // AMX steps through keys from multiples of 32: block-sparse key blocks must start on them.
@@ -170,7 +172,7 @@ void ForwardT(const Problem& p, const ForwardArgs& a) {
         sh.d = p.hdim_qk;
         sh.dv = p.hdim_v;
         sh.var = p.variant(s.sq, s.sk, a.options);
-        set_documents(p, a.document_ids_q, a.document_ids_k, b, s, sh.var);
+        docs.set(b, s, sh.var);
         set_prefix(p, a.prefix_lens, b, sh.var);
         set_dense_mask(p, a.block_mask.mask, b, h, sh.var);
         const float slope = alibi_slope(p, a.alibi_slopes, b, h);

@@ -351,7 +351,7 @@ HWY_INLINE void DropTile(const Variant& var, const TileRows& rows, float* P, int
 // tests hide: query row and key in different documents (document ids), or a zero in the dense mask.
 // A scalar pass, on tiles that need it only (Variant::element_tests, outside fully visible blocks).
 HWY_INLINE void ElementTile(const Variant& var, const TileRows& rows, float* S, int j0, int nk) {
-  if (var.documents())
+  if (var.document_tests())
     for (int jj = 0; jj < nk; ++jj) {
       const int dk = var.doc_k[(j0 + jj) * var.doc_k_stride];
       for (int r = 0; r < rows.n; ++r)

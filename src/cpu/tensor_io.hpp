@@ -61,23 +61,6 @@ inline std::int64_t lse_elem(const TensorView& t, bool varlen, int b, std::int64
                 : b * t.stride[0] + h * t.stride[1] + row * t.stride[2];
 }
 
-// Sequence b's document ids (rows from s.q0 and s.k0) into its variant, where the call has them.
-inline void set_documents(const Problem& p, const TensorView& ids_q, const TensorView& ids_k, int b, const Seq& s,
-                          Variant& v) {
-  if (!p.documents) return;
-  if (p.varlen) {
-    v.doc_q = ids_q.ptr<const std::int32_t>() + s.q0 * ids_q.stride[0];
-    v.doc_k = ids_k.ptr<const std::int32_t>() + s.k0 * ids_k.stride[0];
-    v.doc_q_stride = ids_q.stride[0];
-    v.doc_k_stride = ids_k.stride[0];
-  } else {
-    v.doc_q = ids_q.ptr<const std::int32_t>() + b * ids_q.stride[0];
-    v.doc_k = ids_k.ptr<const std::int32_t>() + b * ids_k.stride[0];
-    v.doc_q_stride = ids_q.stride[1];
-    v.doc_k_stride = ids_k.stride[1];
-  }
-}
-
 // Query head h of sequence b: its view of a block mask's dense element mask (m; dims 0 and 1 may be
 // broadcast) into the variant, where the call has one.
 inline void set_dense_mask(const Problem& p, const TensorView& m, int b, int h, Variant& v) {

@@ -60,7 +60,7 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
     const int row = row0 + get<0>(coord(i, 0));
     if (row >= v.mask.seqlen_q) continue;
     const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
-    if (v.documents()) {
+    if (v.document_tests()) {
       const int doc = v.doc_q[row * v.doc_q_stride];
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s); ++j) {

@@ -7,6 +7,7 @@
 
 #include "attention_case.hpp"
 #include "common/variant.hpp"
+#include "cpu/document_runs.hpp"
 
 namespace tileattn::test {
 namespace {
@@ -190,8 +191,10 @@ TEST_P(BlockMaskEquivalence, ChunksAndDocumentsAreSequencesOfTheirOwn) {
 }
 
 // Variant::visit against the element rule it summarizes: a skipped block has no visible element,
-// a full one no hidden element (a partial one may have none visible where chunks leave gaps); and
-// the backward's row range holds every row that sees a key.
+// a full one no hidden element (a partial one may have none visible where chunks or documents
+// leave gaps); the
+// backward's row range holds every row that sees a key; sorted document ids' runs of keys give the
+// ids' own element rule.
 TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
@@ -202,10 +205,24 @@ TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
     Variant v;
     v.mask = Mask(sq, sk, uni(0, 1) == 1, left, right);
     v.chunk = uni(0, 1) ? 0 : uni(1, 20);
+    // Half the time sorted document ids (runs of random lengths, numbered independently on each
+    // side, so some rows' documents have no key), as per-row runs of keys: the element rule is
+    // the ids' own test (truth, without the runs).
+    std::vector<int> doc_q(sq), doc_k(sk), runs(2 * sq);
+    Variant truth = v;
+    if (uni(0, 1)) {
+      for (int i = 1; i < sq; ++i) doc_q[i] = doc_q[i - 1] + (uni(0, 9) == 0);
+      for (int j = 1; j < sk; ++j) doc_k[j] = doc_k[j - 1] + (uni(0, 9) == 0);
+      cpu::sweep_document_runs([&](int i) { return doc_q[i]; }, [&](int j) { return doc_k[j]; }, sq, sk, runs.data());
+      truth.doc_q = v.doc_q = doc_q.data();
+      truth.doc_k = v.doc_k = doc_k.data();
+      v.doc_keys = runs.data();
+    }
     const int i0 = uni(0, sq - 1), i1 = uni(i0 + 1, sq), j0 = uni(0, sk - 1), j1 = uni(j0 + 1, sk);
     int seen = 0;
     for (int i = i0; i < i1; ++i)
       for (int j = j0; j < j1; ++j) {
+        ASSERT_EQ(v.visible(i, j), truth.visible(i, j)) << "seed " << seed << " i=" << i << " j=" << j;
         seen += v.visible(i, j);
         if (v.visible(i, j)) {
           EXPECT_GE(i, v.row_begin(j0)) << "seed " << seed;
@@ -215,7 +232,7 @@ TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
     const int all = (i1 - i0) * (j1 - j0);
     const BlockVisit got = v.visit(i0, i1, j0, j1);
     const bool ok = got == BlockVisit::skip ? seen == 0 : got == BlockVisit::full ? seen == all : seen < all || all == 0;
-    const bool exact = v.chunk > 0 || got == (seen == 0 ? BlockVisit::skip : seen == all ? BlockVisit::full : BlockVisit::partial);
+    const bool exact = v.chunk > 0 || v.doc_keys != nullptr || got == (seen == 0 ? BlockVisit::skip : seen == all ? BlockVisit::full : BlockVisit::partial);
     ASSERT_TRUE(ok && exact) << "visit " << static_cast<int>(got) << ", " << seen << " of " << all << " visible; "
         << "seed " << seed << " sq=" << sq << " sk=" << sk << " window=(" << left << "," << right << ") chunk=" << v.chunk
         << " rows [" << i0 << "," << i1 << ") keys [" << j0 << "," << j1 << ")";
