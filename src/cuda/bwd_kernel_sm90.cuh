@@ -147,7 +147,7 @@ struct BwdTraitsSm90 {
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 2;
   static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element));
   static constexpr int kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
-  static_assert(!kDqInStage || (kTileQ == kTiledO && kTileQ * int(sizeof(Element)) * 2 == kDqTile * int(sizeof(float))));
+  static_assert(!kDqInStage || kTileQ * int(sizeof(Element)) * 2 == kDqTile * int(sizeof(float)));
   static constexpr int kOffsetdSt = kOffsetQ + 2 * kStageBytes;
   static constexpr int kOffsetPt = kOffsetdSt + 2 * kTileP * int(sizeof(Element));  // where split
   static constexpr int kOffsetRows = kOffsetPt + (kSplitD ? 2 * kTileP * int(sizeof(Element)) : 0);
