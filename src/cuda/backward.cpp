@@ -5,6 +5,9 @@
 // dK, dV rows per (KV head, key row) where a group's heads are split over blocks.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
+
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
 #include "cuda/block_state.hpp"
@@ -89,6 +92,17 @@ int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) 
   return parts;
 }
 
+// The deterministic mode's chain (BwdParams::det_chain). Blocks taken 8 key blocks at a time over
+// many heads wait down short chains, which pays while the heads in flight (about SMs / 8 of them)
+// keep the Q, dO and fp32 dQ rows a block walks in L2. Past a fifth of L2 per block most grid rows
+// ran slower so, and a head's whole row of key blocks at a time keeps one head's rows in flight
+// (bench/notes/backward.md).
+int det_chain(const Problem& p) {
+  const std::size_t head_bytes =
+      std::size_t(p.seqlen_q) * p.group() * (dtype_size(p.dtype) * (p.hdim_qk + p.hdim_v) + sizeof(float) * call_hdim(p));
+  return head_bytes * 5 <= device_l2_bytes() ? 8 : std::max(1, p.seqlen_k);
+}
+
 struct Scratch {
   std::size_t dsum_bytes, dq_bytes, turn_bytes, block_bytes, dkv_bytes;
   std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + block_bytes + 2 * dkv_bytes; }
@@ -150,6 +164,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   if (pr.block_sparse()) p.fwd.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(blocks), stream);
   p.rows_k_total = rows_k_total(pr, a);
   p.group_parts = 1;
+  p.det_chain = det_chain(pr);
   if (sc.dkv_bytes) {
     p.group_parts = group_parts(pr, a, in);
     p.dk_accum = reinterpret_cast<float*>(blocks + sc.block_bytes);

@@ -498,25 +498,25 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
 // speed at 2k tokens: bench/notes/backward.md). The deterministic mode runs key blocks last to
 // first: each query tile's dQ is added in that order, so a block only waits for blocks that started
 // before it (no wait on one that has no SM yet), and under a causal mask for blocks that reached the
-// tile earlier (they start lower). It takes them kChain at a time over every (sequence, head), so
-// that the blocks running together wait down chains of kChain blocks, not down one head's whole row.
+// tile earlier (they start lower). It takes them p.det_chain at a time over every (sequence, head),
+// so that the blocks running together wait down chains of that many blocks, not down one head's
+// whole row (the host's det_chain says when each pays).
 struct BwdBlock {
   int n, b, z;
 };
 template <bool kDeterministic>
-__device__ __forceinline__ BwdBlock bwd_block() {
+__device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
   if constexpr (!kDeterministic) {
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   } else {
-    constexpr int kChain = 8;
-    const int keys = gridDim.x, pairs = gridDim.y * gridDim.z;
+    const int keys = gridDim.x, pairs = gridDim.y * gridDim.z, chain = min(p.det_chain, keys);
     const int i = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);  // launch order
-    const int whole = keys / kChain * kChain;  // key blocks in whole chunks
+    const int whole = keys / chain * chain;  // key blocks in whole chunks
     int k, yz;
     if (i < whole * pairs) {
-      const int r = i % (kChain * pairs);
-      k = i / (kChain * pairs) * kChain + r % kChain;
-      yz = r / kChain;
+      const int r = i % (chain * pairs);
+      k = i / (chain * pairs) * chain + r % chain;
+      yz = r / chain;
     } else {
       const int rest = keys - whole, r = i - whole * pairs;
       k = whole + r % rest;
@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
   const FwdParams& f = p.fwd;
-  const BwdBlock blk = bwd_block<kDeterministic>();
+  const BwdBlock blk = bwd_block<kDeterministic>(p);
   const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;

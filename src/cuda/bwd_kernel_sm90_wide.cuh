@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_wide[];
   const FwdParams& f = p.fwd;
-  const BwdBlock blk = bwd_block<kDeterministic>();
+  const BwdBlock blk = bwd_block<kDeterministic>(p);
   const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;

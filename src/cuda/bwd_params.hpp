@@ -34,6 +34,9 @@ struct BwdParams {
   float *dk_accum, *dv_accum;
   std::int64_t rows_k_total;
   int group_parts;
+  // Deterministic mode on Hopper: key blocks are launched det_chain at a time over every (sequence,
+  // head), last to first within a head (bwd_block); >= the key blocks of a row, one head's at a time.
+  int det_chain;
 };
 
 // The fp32 dQ rows keep each row's 4-column chunks permuted by the row's index (chunk ^ 2 * (row % 4)):

@@ -24,7 +24,7 @@ void check_launch(const char* what) { check(cudaGetLastError(), what); }
 namespace {
 
 struct DeviceInfo {
-  int sms = 0, major = 0;
+  int sms = 0, major = 0, l2_bytes = 0;
 };
 
 // Attributes of the current device, queried once per device and process.
@@ -39,6 +39,7 @@ DeviceInfo device_info() {
   if (d.sms == 0) {
     check(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute");
   }
   return d;
 }
@@ -71,6 +72,8 @@ cudaMemPool_t scratch_pool() {
 }  // namespace
 
 int device_sm_count() { return device_info().sms; }
+
+std::size_t device_l2_bytes() { return std::size_t(device_info().l2_bytes); }
 
 bool device_has_dependent_launch() { return device_info().major >= 9; }
 

@@ -17,6 +17,8 @@ void check_launch(const char* what);
 
 // Multiprocessors of the current device (cached per device).
 int device_sm_count();
+// Bytes of L2 cache of the current device (cached per device).
+std::size_t device_l2_bytes();
 // Whether the current device runs programmatic dependent launches (sm_90+): a kernel launched so
 // may start while the previous one in the stream still runs, and waits for its results itself.
 bool device_has_dependent_launch();
