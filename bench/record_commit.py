@@ -1,6 +1,6 @@
 """The commit a benchmark record names: TILEATTN_COMMIT where the caller sets it (a copy of the tree
 whose .git is missing or is not the tree's own, as on a machine the tree was copied to), else the
-checkout's HEAD, else None."""
+checkout's HEAD (with "-dirty" where tracked files differ from it), else None."""
 import os
 import subprocess
 
@@ -14,4 +14,7 @@ def record_commit():
         res = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
     except OSError:
         return None
-    return res.stdout.strip() if res.returncode == 0 else None
+    if res.returncode != 0:
+        return None
+    clean = subprocess.run(["git", "-C", REPO, "diff", "--quiet", "HEAD", "--"], capture_output=True).returncode == 0
+    return res.stdout.strip() + ("" if clean else "-dirty")
