@@ -18,3 +18,7 @@ def record_commit():
         return None
     clean = subprocess.run(["git", "-C", REPO, "diff", "--quiet", "HEAD", "--"], capture_output=True).returncode == 0
     return res.stdout.strip() + ("" if clean else "-dirty")
+
+
+if __name__ == "__main__":  # for shell scripts (scripts/gpu_check.sh)
+    print(record_commit() or "unknown")

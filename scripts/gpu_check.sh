@@ -8,7 +8,7 @@
 # only the named ones. Each step reads ROOT, BUILD, OUT, COMMIT and CMAKE_ARGS from the environment,
 # writes its log under OUTDIR and may append lines to OUTDIR/summary.txt, which is printed last.
 # A new section (another benchmark grid, a CPU bench) is a new file in scripts/gpu/.
-# COMMIT defaults to `git rev-parse HEAD` (marked -dirty where the tree differs); pass TILEATTN_COMMIT
+# COMMIT: bench/record_commit.py's (HEAD, marked -dirty where the tree differs); pass TILEATTN_COMMIT
 # where the copy has no .git or its HEAD is not the tree's commit.
 set -uo pipefail
 if [ $# -lt 1 ]; then
@@ -19,15 +19,9 @@ export OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 shift
 export ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD=${TILEATTN_BUILD_DIR:-$ROOT/build-gpu}
-# HEAD's commit, with "-dirty" where tracked files differ from it (a copy carrying uncommitted
-# changes), so that a record never names a commit whose code it did not run.
-tree_commit() {
-  local c
-  c=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null) || { echo unknown; return; }
-  git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || c="$c-dirty"
-  echo "$c"
-}
-export COMMIT=${TILEATTN_COMMIT:-$(tree_commit)}
+# The commit every record names, as the Python benchmarks name it (TILEATTN_COMMIT, else HEAD marked
+# -dirty where tracked files differ from it), so that a record never names code it did not run.
+export COMMIT=$(python3 "$ROOT/bench/record_commit.py" 2>/dev/null || echo unknown)
 export CMAKE_ARGS="$*"
 # Dependencies staged by scripts/stage_deps.sh for a machine that lacks the packages.
 if [ -d "$ROOT/.deps/prefix" ]; then
