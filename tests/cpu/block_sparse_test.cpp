@@ -192,9 +192,8 @@ TEST_P(BlockMaskEquivalence, ChunksAndDocumentsAreSequencesOfTheirOwn) {
 
 // Variant::visit against the element rule it summarizes: a skipped block has no visible element,
 // a full one no hidden element (a partial one may have none visible where chunks or documents
-// leave gaps); the
-// backward's row range holds every row that sees a key; sorted document ids' runs of keys give the
-// ids' own element rule.
+// leave gaps); the backward's row range holds every row that sees a key; sorted document ids'
+// runs of keys give the ids' own element rule.
 TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
