@@ -179,6 +179,18 @@ def main():
     modes = [["--backward"], ["--backward", "--deterministic"]] if args.backward else [[]]
     builds = [(args.bench, "")] + ([(args.candidate, "-candidate")] if args.candidate else [])
     records = []
+    doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(),
+           "ceilings": ceilings(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": records}
+    if args.candidate:
+        doc["candidate_commit"] = args.candidate_commit or "unknown"
+
+    def write(done):
+        # Rewritten after every row, so that a run cut short (a time limit) leaves the rows it timed,
+        # marked incomplete.
+        doc["complete"] = done
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
     for i, (r, spec) in enumerate(zip(rows, specs)):
         for program, suffix in builds[::-1] if i % 2 else builds:
             for mode in modes:
@@ -190,13 +202,9 @@ def main():
                         rec["impl"] += suffix
                         records.append(rec)
         records += peer_rows(r, args.iters, args.backward)
-
-    doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit or record_commit(),
-           "ceilings": ceilings(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": records}
-    if args.candidate:
-        doc["candidate_commit"] = args.candidate_commit or "unknown"
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        write(False)
+        print(f"row {i + 1}/{len(rows)} timed: {r['dtype']} {spec}", flush=True)
+    write(True)
 
     key = lambda x: (x["dtype"], x["heads_q"], x["heads_kv"], x["hdim"], x.get("hdim_v", x["hdim"]), x["seqlen_q"],
                      x["causal"])
