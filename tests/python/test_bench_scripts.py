@@ -104,7 +104,7 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
                                       "--sections", "mha", "--hdims", "128", "--commit", "base123"])
     gpu_bench.main()
     record = json.loads(out.read_text())
-    assert record["commit"] == "base123" and record["candidate_commit"] == "abc1234"
+    assert record["commit"] == "base123" and record["candidate_commit"] == "abc1234" and record["complete"]
     impls = [r["impl"] for r in record["rows"]]
     assert impls.count("tileattn") == impls.count("tileattn-candidate") == 4
     assert impls.count("tileattn-deterministic-candidate") == 4
@@ -113,3 +113,10 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
     assert order == ["base", "base", "cand", "cand", "cand", "cand", "base", "base"] * 2
     table = capsys.readouterr().out
     assert "cand/ours" in table and "2.000" in table
+
+
+def test_bwd_schedule_model():
+    lines = _run("bwd_schedule_model.py").stdout.splitlines()
+    shares = [[float(v) for v in line.split("|")[1].split()] for line in lines[1:]]
+    assert shares and all(0 < s <= 1 for row in shares for s in row), lines
+    assert all(row[-1] >= row[0] for row in shares), lines  # longest first never fills worse than in turn
