@@ -526,6 +526,49 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
   }
 }
 
+// Key block n_block's walk over the (head, query tile) pairs of its (KV head, group part) z: the
+// query tiles whose rows see its keys, in each head of its part of the group.
+template <int kBlockM, int kBlockN, bool kVariant, bool kDeterministic>
+__device__ __forceinline__ BwdWalk<kBlockM, kBlockN, kVariant> bwd_walk(const BwdParams& p, const BwdSeq& s,
+                                                                        const Variant& var, int b, int z, int n_block) {
+  const FwdParams& f = p.fwd;
+  const int n0 = n_block * kBlockN, n1 = min(n0 + kBlockN, s.sk);
+  // A block mask's fully visible blocks take no element mask: any row may see these keys.
+  const bool blocks = kVariant && f.blocks.state != nullptr;
+  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
+  const int m_lo = row_lo / kBlockM;
+  const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
+  const int heads = f.group / p.group_parts;  // the group's heads this block walks
+  const int h0 = z / p.group_parts * f.group + z % p.group_parts * heads;
+  return {f, var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
+          walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
+}
+
+// Thread 0 readies the block's barriers and the TMA descriptors.
+template <class T>
+__device__ __forceinline__ void bwd_sm90_init(BwdBarriersSm90& bars, const BwdTmaSm90<T>& tma) {
+  for (int i = 0; i < 2; ++i) {
+    bars.full_q[i].init(32);
+    bars.full_do[i].init(32);
+    bars.empty_q[i].init(T::kDqInStage ? 1 : T::kConsumers);  // the writer frees a stage that held dQ
+    bars.empty_do[i].init(T::kDqInStage ? 1 : T::kConsumers);
+    bars.dq_full[i].init(T::kConsumers);
+    bars.dq_empty[i].init(1);
+  }
+  cute::prefetch_tma_descriptor(tma.q.get_tma_descriptor());
+  cute::prefetch_tma_descriptor(tma.dout.get_tma_descriptor());
+}
+
+// The producer warpgroup, its registers given to the consumers: the loader warp and the dQ writer.
+template <class T, bool kDeterministic, bool kVariant, class W, class SQ, class SdO>
+__device__ __forceinline__ void bwd_sm90_produce(const BwdParams& p, const BwdTmaSm90<T>& tma, const BwdSeq& s, int b,
+                                                 const W& w, int n_block, SQ& sQ, SdO& sdO, float* rows, char* smem,
+                                                 BwdBarriersSm90& bars, int tid) {
+  cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
+  if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
+  if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, kVariant>(p, s, b, w, n_block, smem, bars);
+}
+
 // kMods, kVariant: as in the portable kernels (bwd_kernel.cuh, key_tiles.cuh). The variant's
 // instantiation is not deterministic: a block mask's visited key blocks per query tile, which the
 // turns count, are not a range.
@@ -548,17 +591,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // The dense mask, where there is one, is per query head: the walk needs only whether there is
   // one (the group's first head's); the consumers set each tile's head below.
   if constexpr (kVariant) set_dense_mask(f, var, b, hk * f.group);
-  const int n1 = min(n0 + kBlockN, s.sk);
-  // A block mask's fully visible blocks take no element mask: any row may see these keys.
-  const bool blocks = kVariant && f.blocks.state != nullptr;
-  const int row_lo = blocks ? 0 : var.row_begin(n0), row_hi = blocks ? s.sq : var.row_end(n1);
-  const int m_lo = row_lo / kBlockM;
-  const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
-  const int heads = f.group / p.group_parts;  // the group's heads this block walks
-  const int h0 = hk * f.group + blk.z % p.group_parts * heads;
-  const BwdWalk<kBlockM, kBlockN, kVariant> w{
-      f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
-      walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
+  const auto w = bwd_walk<kBlockM, kBlockN, kVariant, kDeterministic>(p, s, var, b, blk.z, n_block);
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_sm90 + bytes)); };
   constexpr int kE = int(sizeof(Element));
@@ -580,24 +613,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid - 128);
     cp_async_fence();
   }
-  if (tid == 0) {
-    for (int i = 0; i < 2; ++i) {
-      bars.full_q[i].init(32);
-      bars.full_do[i].init(32);
-      bars.empty_q[i].init(T::kDqInStage ? 1 : kConsumers);  // the writer frees a stage that held dQ
-      bars.empty_do[i].init(T::kDqInStage ? 1 : kConsumers);
-      bars.dq_full[i].init(kConsumers);
-      bars.dq_empty[i].init(1);
-    }
-    cute::prefetch_tma_descriptor(tma.q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma.dout.get_tma_descriptor());
-  }
+  if (tid == 0) bwd_sm90_init<T>(bars, tma);
   __syncthreads();  // barriers initialized
 
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, kVariant>(p, s, b, w, n_block, smem_bwd_sm90, bars);
+    bwd_sm90_produce<T, kDeterministic, kVariant>(p, tma, s, b, w, n_block, sQ, sdO, rows, smem_bwd_sm90, bars, tid);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();

@@ -148,15 +148,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int n0 = n_block * kBlockN;
   if (n0 >= s.sk) return;
   const Variant var = restricted<false>(s.var);
-  const int n1 = min(n0 + kBlockN, s.sk);
-  const int row_lo = var.row_begin(n0), row_hi = var.row_end(n1);
-  const int m_lo = row_lo / kBlockM;
-  const int m_end = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM * kBlockM : m_lo * kBlockM;
-  const int heads = f.group / p.group_parts;
-  const int h0 = hk * f.group + blk.z % p.group_parts * heads;
-  const BwdWalk<kBlockM, kBlockN, false> w{
-      f,  var, b, n0, s.sq, s.sk, m_lo, m_end, h0, m_end > m_lo * kBlockM ? h0 + heads : h0,
-      walk_first_row<kBlockM, kDeterministic>(m_lo, m_end, row_lo, row_hi, s.sq, n_block)};
+  const auto w = bwd_walk<kBlockM, kBlockN, false, kDeterministic>(p, s, var, b, blk.z, n_block);
 
   auto smem = [&](int bytes) { return make_smem_ptr(reinterpret_cast<Element*>(smem_bwd_wide + bytes)); };
   Tensor sK = make_tensor(smem(0), typename T::SmemLayoutKV{});
@@ -179,24 +171,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     load_key_tile<T>(f, s, b, hk, n0, sK, sV, tid - 128);
     cp_async_fence();
   }
-  if (tid == 0) {
-    for (int i = 0; i < 2; ++i) {
-      bars.full_q[i].init(32);
-      bars.full_do[i].init(32);
-      bars.empty_q[i].init(kConsumers);
-      bars.empty_do[i].init(kConsumers);
-      bars.dq_full[i].init(kConsumers);
-      bars.dq_empty[i].init(1);
-    }
-    cute::prefetch_tma_descriptor(tma.q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma.dout.get_tma_descriptor());
-  }
+  if (tid == 0) bwd_sm90_init<T>(bars, tma);
   __syncthreads();
 
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (tid < 32) bwd_sm90_load<T>(p, tma, s, b, w, sQ, sdO, rows, bars, tid);
-    if (tid == 32) bwd_sm90_write_dq<T, kDeterministic, false>(p, s, b, w, n_block, smem_bwd_wide, bars);
+    bwd_sm90_produce<T, kDeterministic, false>(p, tma, s, b, w, n_block, sQ, sdO, rows, smem_bwd_wide, bars, tid);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
