@@ -492,10 +492,12 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
   if (kDeterministic && passing != nullptr) turn_pass(passing);
 }
 
-// A block's key block, sequence and (KV head, group part). Key blocks are the fastest index: blocks
-// running together share their Q and dO (and dQ rows) in L2, which the tiles' products need (making
-// the key block the slowest index, to start every head's longest causal blocks first, halved causal
-// speed at 2k tokens: bench/notes/backward.md). The deterministic mode runs key blocks last to
+// A block's key block, sequence and (KV head, group part). Key blocks are the fastest index but
+// within a launch group of pairs (sequence, head part) sized by the host, where the pairs are the
+// fastest: blocks running together share their Q and dO (and dQ rows) in L2, which the tiles'
+// products need (making the key block the slowest index over every pair, to start every head's
+// longest causal blocks first, halved causal speed at 2k tokens: bench/notes/backward.md), and a
+// group starts its longest causal blocks first. The deterministic mode runs key blocks last to
 // first: each query tile's dQ is added in that order, so a block only waits for blocks that started
 // before it (no wait on one that has no SM yet), and under a causal mask for blocks that reached the
 // tile earlier (they start lower). It takes them p.det_chain at a time over every (sequence, head),
@@ -507,7 +509,12 @@ struct BwdBlock {
 template <bool kDeterministic>
 __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
   if constexpr (!kDeterministic) {
-    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+    const int keys = gridDim.x, pairs = gridDim.y * gridDim.z;
+    const int i = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);  // launch order
+    const int group = max(1, min(p.group_blocks / keys, pairs));
+    const int first = i / (group * keys) * group, size = min(group, pairs - first);  // the group's pairs
+    const int r = i - first * keys, yz = first + r % size;
+    return {r / size, yz % int(gridDim.y), yz / int(gridDim.y)};
   } else {
     const int keys = gridDim.x, pairs = gridDim.y * gridDim.z, chain = min(p.det_chain, keys);
     const int i = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);  // launch order

@@ -37,6 +37,10 @@ struct BwdParams {
   // Deterministic mode on Hopper: key blocks are launched det_chain at a time over every (sequence,
   // head), last to first within a head (bwd_block); >= the key blocks of a row, one head's at a time.
   int det_chain;
+  // Default mode on Hopper: key blocks are launched key block by key block over groups of about
+  // group_blocks blocks (that many over a row's key blocks (sequence, head part) pairs; bwd_block);
+  // 0: each pair's key blocks in turn.
+  int group_blocks;
 };
 
 // The fp32 dQ rows keep each row's 4-column chunks permuted by the row's index (chunk ^ 2 * (row % 4)):
