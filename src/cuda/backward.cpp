@@ -106,12 +106,15 @@ int det_chain(const Problem& p) {
 // The default mode's launch groups (BwdParams::group_blocks). Under a causal or windowed mask the
 // key blocks' walks differ in length (under causal the first block's is the whole sequence), and
 // each head's key blocks launched in turn leave the last heads' longest blocks running alone at the
-// end (bench/bwd_schedule_model.py). Launched longest first over groups of heads instead, the tail
-// is short blocks. A group holds about as many blocks as there are SMs: the heads whose blocks run
-// together either way, so that as many rows are read through L2 as before (key blocks first over
-// every head ran causal calls at half speed).
-int group_blocks(const Problem& p) {
-  return p.window_left < 0 && p.window_right < 0 ? 0 : device_sm_count();
+// end (bench/notes/backward.md, bench/bwd_schedule_model.py). Launched longest first over groups of
+// heads instead, the tail is short blocks. A group holds about as many blocks as there are SMs: the
+// heads whose blocks run together either way, so that as many rows are read through L2 as before
+// (key blocks first over every head ran causal calls at half speed). Only where a block walks 1024
+// query rows or more: over shorter walks the tail is short anyway, and blocks of one length started
+// together ran slower than each head's in turn.
+int group_blocks(const Problem& p, int parts) {
+  const bool uneven = p.window_left >= 0 || p.window_right >= 0;
+  return uneven && std::int64_t(p.seqlen_q) * p.group() / parts >= 1024 ? device_sm_count() : 0;
 }
 
 struct Scratch {
@@ -176,13 +179,13 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   p.rows_k_total = rows_k_total(pr, a);
   p.group_parts = 1;
   p.det_chain = det_chain(pr);
-  p.group_blocks = group_blocks(pr);
   if (sc.dkv_bytes) {
     p.group_parts = group_parts(pr, a, in);
     p.dk_accum = reinterpret_cast<float*>(blocks + sc.block_bytes);
     p.dv_accum = reinterpret_cast<float*>(blocks + sc.block_bytes + sc.dkv_bytes);
     check(cudaMemsetAsync(p.dk_accum, 0, 2 * sc.dkv_bytes, stream), "cudaMemsetAsync (dK, dV rows)");
   }
+  p.group_blocks = group_blocks(pr, p.group_parts);
 
   launch_bwd_dsum(pr.dtype, p, stream);
   const BwdGrid g = grid(pr, a);
