@@ -144,6 +144,10 @@ struct BwdTraitsSm90 {
   // own stage's Q and dO buffers (the same bytes: rows of dQ in fp32 against rows of Q and dO in 16
   // bits), which its products have finished reading; the writer frees the stage.
   static constexpr bool kDqInStage = kSplitD;
+  // The deterministic writer passes a tile's turn before waiting for the next tile's, not once the
+  // next tile's addition is issued: faster at head dim 64, whose tiles are short; slower at 128,
+  // where the wait for the last 32 KB addition to land then holds up the next one.
+  static constexpr bool kPassEarly = kHeadDim <= 64;
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 2;
   static constexpr int kOffsetQ = (kTileKV + kTileV) * int(sizeof(Element));
   static constexpr int kOffsetdO = kOffsetQ + 2 * kTileQ * int(sizeof(Element));
@@ -433,7 +437,8 @@ __device__ __forceinline__ void stage_dq(const Acc& acc_dq, const C& cdq, char* 
 // the fp32 dQ rows with one bulk reduction (two in the stage: its halves) and frees the buffer, or
 // the stage, once it is read. The deterministic mode first waits for the tile's turn
 // (every later key block that sees the tile adds first: those up to the tile's last key) and passes
-// it once the addition has landed, while the next tile's runs.
+// it once the addition has landed: while the next tile's runs, or (T::kPassEarly) as soon as the
+// next tile's dQ is handed over.
 template <class T, bool kDeterministic, bool kVariant, class W>
 __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
                                                   int n_block, char* smem, BwdBarriersSm90& bars) {
@@ -460,6 +465,11 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
       }
     };
     if constexpr (kDeterministic) {
+      if (T::kPassEarly && passing != nullptr) {
+        bulk_wait<0>();
+        turn_pass(passing);
+        passing = nullptr;
+      }
       int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
       turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
       reduce();

@@ -95,7 +95,7 @@ struct BwdTraitsSm90Wide {
   static constexpr int kOffsetP = kOffsetdO + 2 * kTiledO * int(sizeof(Element));
   static constexpr int kOffsetdS = kOffsetP + kTileP * int(sizeof(Element));
   static constexpr int kOffsetRows = kOffsetdS + 2 * kTileP * int(sizeof(Element));
-  static constexpr bool kDqInStage = false;
+  static constexpr bool kDqInStage = false, kPassEarly = false;
   static constexpr int kDqTile = kBlockM * kHeadDim, kDqStages = 1;
   static constexpr int kOffsetDq = kOffsetRows + 2 * 2 * kBlockM * int(sizeof(float));
   static constexpr int kOffsetBarriers = kOffsetDq + kDqStages * kDqTile * int(sizeof(float));
