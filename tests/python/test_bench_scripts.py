@@ -120,3 +120,12 @@ def test_bwd_schedule_model():
     shares = [[float(v) for v in line.split("|")[1].split()] for line in lines[1:]]
     assert shares and all(0 < s <= 1 for row in shares for s in row), lines
     assert all(row[-1] >= row[0] for row in shares), lines  # longest first never fills worse than in turn
+
+
+def test_bwd_det_model():
+    lines = _run("bwd_det_model.py").stdout.splitlines()
+    rows = [line.split("|")[1].split() for line in lines[1:]]
+    assert rows, lines
+    for time, ideal, speedup in rows:
+        assert int(time) >= float(ideal) > 0 and float(speedup) > 0, lines  # no schedule beats all SMs busy
+    assert float(rows[0][2]) == 1.0 and float(rows[1][2]) > 1.0, lines  # splitting a group of 8 shortens the tail
