@@ -1,14 +1,19 @@
 # Sourced by the build steps (not a step itself: no number in its name).
 # build_tree SRC BUILDDIR LOG LABEL [cmake --build arguments...]: configures SRC into BUILDDIR with the
 # CUDA backend on and CMAKE_ARGS, builds (all cores; the arguments may name targets), writes the log
-# to LOG and adds the kernels' nonzero spill counts to the summary as "LABEL: ...".
+# to LOG and adds the kernels' nonzero spill counts to the summary as "LABEL: ..." (of the kernels
+# this build compiled: where BUILDDIR holds an earlier build, only what changed since compiles, even in
+# a fresh copy of the tree, whose files source_times.py gives their times back).
 build_tree() {
   local src=$1 build=$2 log=$3 label=$4
   shift 4
+  mkdir -p "$build"
+  python3 "$ROOT/scripts/gpu/source_times.py" restore "$src" "$build/source-times.txt" >"$log"
   # shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTILEATTN_CUDA=ON -DTILEATTN_CUDA_RESOURCE_USAGE=ON \
-    $CMAKE_ARGS >"$log" 2>&1
+    $CMAKE_ARGS >>"$log" 2>&1
   cmake --build "$build" -j "$(nproc)" "$@" >>"$log" 2>&1 || { tail -n 60 "$log"; return 1; }
+  python3 "$ROOT/scripts/gpu/source_times.py" save "$src" "$build/source-times.txt"
   grep -B1 -A0 "spill stores" "$log" | grep -v "0 bytes spill stores" | grep spill \
     | sed "s/^ */$label: /" | sort | uniq -c | head -n 20 | tee -a "$OUT/summary.txt" || true
 }
