@@ -5,7 +5,10 @@ in bwd_block's deterministic launch order (key blocks p.det_chain at a time over
 KV head part) pair, last to first) on free SMs, one block an SM; a block walks its heads' visible
 query tiles in turn, computing up to `slack` tiles ahead of its dQ writer (the staged dQ buffers),
 and the writer adds a tile's dQ only after every later key block that sees the tile has added it.
-Prints each split's time, the ideal (all tiles over all SMs) and the speed-up over no split.
+Prints each split's time, the ideal (all tiles over all SMs) and the speed-up over no split. It
+leaves out what a split costs, the parts' additions into fp32 dK, dV rows and their conversion,
+which outweighed the shorter tail at 512 tokens when each part had rows of its own
+(bench/notes/backward.md).
 
     bwd_det_model.py [--sms 132] [--slack 2]
 """
