@@ -103,21 +103,18 @@ int det_chain(const Problem& p) {
   return head_bytes * 5 <= device_l2_bytes() ? 8 : std::max(1, p.seqlen_k);
 }
 
-// The default mode's launch groups (BwdParams::group_blocks). Where a row sees every key up to a
-// right edge (causal, or a window bounded on the right only) the key blocks' walks shorten block by
-// block from the first, whose walk is the whole sequence, and each head's key blocks launched in
-// turn leave the last heads' longest blocks running alone at the end (bench/notes/backward.md,
-// bench/bwd_schedule_model.py). Launched block by block over groups of heads instead, the longest
-// first, the tail is short blocks. A group holds about as many blocks as there are SMs: the heads
-// whose blocks run together either way, so that as many rows are read through L2 as before (key
-// blocks first over every head ran causal calls at half speed). Not under a window bounded on the
-// left (a sliding window's blocks walk about equally many rows; a left bound alone makes the first
-// block the shortest); and only where a block walks 1024 query rows or more: over shorter walks the
-// tail is short anyway, and blocks of one length started together ran slower than each head's in
-// turn.
+// The default mode's launch groups (BwdParams::group_blocks). Under a causal or windowed mask the
+// key blocks' walks differ in length (under causal the first block's is the whole sequence), and
+// each head's key blocks launched in turn leave the last heads' longest blocks running alone at the
+// end (bench/notes/backward.md, bench/bwd_schedule_model.py). Launched longest first over groups of
+// heads instead, the tail is short blocks. A group holds about as many blocks as there are SMs: the
+// heads whose blocks run together either way, so that as many rows are read through L2 as before
+// (key blocks first over every head ran causal calls at half speed). Only where a block walks 1024
+// query rows or more: over shorter walks the tail is short anyway, and blocks of one length started
+// together ran slower than each head's in turn.
 int group_blocks(const Problem& p, int parts) {
-  const bool first_longest = p.window_right >= 0 && p.window_left < 0;
-  return first_longest && std::int64_t(p.seqlen_q) * p.group() / parts >= 1024 ? device_sm_count() : 0;
+  const bool uneven = p.window_left >= 0 || p.window_right >= 0;
+  return uneven && std::int64_t(p.seqlen_q) * p.group() / parts >= 1024 ? device_sm_count() : 0;
 }
 
 struct Scratch {
