@@ -72,10 +72,12 @@ std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
 // extra additions and conversion cost more than the shorter tail gains (bench/notes/backward.md).
 // And grids under one wave of blocks (a small batch of short sequences with few KV heads, as in
 // training a small model): the fewest parts that fill the SMs, up to one head per block, since
-// idle SMs cost more than the additions. Not in the deterministic mode, whose sums are ordered.
+// idle SMs cost more than the additions. The deterministic mode splits the same groups, its parts
+// adding in turn (BwdParams::dkv_turns); it launches each head's longest block last (bwd_block),
+// so there a long block sets the call's tail (bench/bwd_det_model.py).
 int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  if (!in || group < 2 || a.options.deterministic || !in->runs_sm90(grid(p, a))) return 1;
+  if (!in || group < 2 || !in->runs_sm90(grid(p, a))) return 1;
   const bool uneven = p.window_left >= 0 || p.window_right >= 0;
   int parts = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 ? 2 : 1;
   const int tile = in->key_tile_sm90();
@@ -97,9 +99,9 @@ int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) 
 // keep the Q, dO and fp32 dQ rows a block walks in L2. Past a fifth of L2 per block most grid rows
 // ran slower so, and a head's whole row of key blocks at a time keeps one head's rows in flight
 // (bench/notes/backward.md).
-int det_chain(const Problem& p) {
-  const std::size_t head_bytes =
-      std::size_t(p.seqlen_q) * p.group() * (dtype_size(p.dtype) * (p.hdim_qk + p.hdim_v) + sizeof(float) * call_hdim(p));
+int det_chain(const Problem& p, int parts) {
+  const std::size_t head_bytes = std::size_t(p.seqlen_q) * (p.group() / parts) *
+                                 (dtype_size(p.dtype) * (p.hdim_qk + p.hdim_v) + sizeof(float) * call_hdim(p));
   return head_bytes * 5 <= device_l2_bytes() ? 8 : std::max(1, p.seqlen_k);
 }
 
@@ -118,6 +120,8 @@ int group_blocks(const Problem& p, int parts) {
 }
 
 struct Scratch {
+  int parts;                   // group_parts
+  std::int64_t dkv_turns;      // the dK, dV turns' offset in the turns (0: none)
   std::size_t dsum_bytes, dq_bytes, turn_bytes, block_bytes, dkv_bytes;
   std::size_t total() const { return dsum_bytes + dq_bytes + turn_bytes + block_bytes + 2 * dkv_bytes; }
 };
@@ -129,10 +133,14 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t cols = in ? in->hdim : 0;
   const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a));
   const bool summed = !a.options.deterministic || ordered;
-  const std::size_t key_rows = std::size_t(rows_k_total(p, a)) * p.heads_kv;
-  return {round_up(rows * sizeof(float)), summed ? round_up(rows * cols * sizeof(float)) : 0,
-          ordered ? round_up(std::size_t(dq_turn_count(rows_all, p.heads_q, p.batch)) * sizeof(int)) : 0,
-          block_state_bytes(p, a.block_mask), group_parts(p, a, in) > 1 ? round_up(key_rows * cols * sizeof(float)) : 0};
+  const std::int64_t rows_k = rows_k_total(p, a);
+  const std::size_t key_rows = std::size_t(rows_k) * p.heads_kv;
+  const int parts = group_parts(p, a, in);
+  const std::int64_t dq_turns = ordered ? turn_count(rows_all, p.heads_q, p.batch) : 0;
+  const std::int64_t dkv_turns = ordered && parts > 1 ? turn_count(rows_k, p.heads_kv, p.batch) : 0;
+  return {parts, dkv_turns ? dq_turns : 0, round_up(rows * sizeof(float)),
+          summed ? round_up(rows * cols * sizeof(float)) : 0, round_up(std::size_t(dq_turns + dkv_turns) * sizeof(int)),
+          block_state_bytes(p, a.block_mask), parts > 1 ? round_up(key_rows * cols * sizeof(float)) : 0};
 }
 
 }  // namespace
@@ -177,10 +185,10 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   char* const blocks = ws.data() + sc.dsum_bytes + sc.dq_bytes + sc.turn_bytes;
   if (pr.block_sparse()) p.fwd.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(blocks), stream);
   p.rows_k_total = rows_k_total(pr, a);
-  p.group_parts = 1;
-  p.det_chain = det_chain(pr);
+  p.group_parts = sc.dkv_bytes ? sc.parts : 1;
+  p.det_chain = det_chain(pr, p.group_parts);
   if (sc.dkv_bytes) {
-    p.group_parts = group_parts(pr, a, in);
+    p.dkv_turns = sc.dkv_turns ? p.dq_turns + sc.dkv_turns : nullptr;
     p.dk_accum = reinterpret_cast<float*>(blocks + sc.block_bytes);
     p.dv_accum = reinterpret_cast<float*>(blocks + sc.block_bytes + sc.dkv_bytes);
     check(cudaMemsetAsync(p.dk_accum, 0, 2 * sc.dkv_bytes, stream), "cudaMemsetAsync (dK, dV rows)");

@@ -310,6 +310,27 @@ __device__ __forceinline__ void add_acc_quads(const Acc& acc, float* dst, std::i
   }
 }
 
+// A split group's dK, dV into the fp32 rows (add: the consumers' additions; sync: their barrier).
+// The deterministic mode adds them part by part: each part waits for the parts below it (launched
+// before it: bwd_block), so every sum is taken in one order; its additions complete before it
+// passes the turn on.
+template <bool kDeterministic, class Add, class Sync>
+__device__ __forceinline__ void add_dkv(const BwdParams& p, int hk, std::int64_t key_base, int b, int n0, int part,
+                                        Add add, Sync sync) {
+  int* const turn = kDeterministic ? p.dkv_turns + dkv_turn_index(p, hk, key_base, b, n0) : nullptr;
+  const bool first = threadIdx.x == cutlass::NumThreadsPerWarpGroup;  // the consumers' first thread
+  if constexpr (kDeterministic) {
+    if (first) turn_wait(turn, part);
+    sync();
+  }
+  add();
+  if constexpr (kDeterministic) {
+    __threadfence();
+    sync();
+    if (first) turn_pass(turn);
+  }
+}
+
 // The loader warp: per iteration it waits for the stage's Q half to be free, starts Q's TMA copy
 // (lane 0) and stores the rows' LSE (every lane), then the same for dO and D, each half on barriers
 // of its own. Rows past the sequence get LSE = -inf, D = 0, so their probabilities are 0; batched
@@ -767,11 +788,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
   if (p.group_parts > 1) {  // the group's other blocks add to the same rows
-    const std::int64_t row0 = hk * p.rows_k_total + (f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k) + n0;
-    Tensor ckv = tkv.partition_C(make_identity_tensor(TileKV{}));
-    add_acc_quads<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
-    add_acc_quads<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, tv.partition_C(make_identity_tensor(TileV{})),
-                            s.sk - n0);
+    const std::int64_t key_base = f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k;
+    const std::int64_t row0 = hk * p.rows_k_total + key_base + n0;
+    add_dkv<kDeterministic>(p, hk, key_base, b, n0, blk.z % p.group_parts, [&] {
+      Tensor ckv = tkv.partition_C(make_identity_tensor(TileKV{}));
+      add_acc_quads<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, ckv, s.sk - n0);
+      add_acc_quads<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, tv.partition_C(make_identity_tensor(TileV{})),
+                              s.sk - n0);
+    }, sync);
     return;
   }
   store_acc<T, typename T::MmaKV>(acc_dk, sK, gdK, s.sk - n0, f.d_qk, tc, sync);

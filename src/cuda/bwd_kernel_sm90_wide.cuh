@@ -286,11 +286,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
   if (p.group_parts > 1) {  // the group's other blocks add to the same rows
-    const std::int64_t row0 = hk * p.rows_k_total + (f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k) + n0;
-    add_acc_t<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, tk.partition_C(make_identity_tensor(TileK{})),
-                        s.sk - n0);
-    add_acc_t<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, tv.partition_C(make_identity_tensor(TileV{})),
-                        s.sk - n0);
+    const std::int64_t key_base = f.cu_k != nullptr ? s.k_start : std::int64_t(b) * f.seqlen_k;
+    const std::int64_t row0 = hk * p.rows_k_total + key_base + n0;
+    add_dkv<kDeterministic>(p, hk, key_base, b, n0, blk.z % p.group_parts, [&] {
+      add_acc_t<kHeadDim>(acc_dk, p.dk_accum + row0 * kHeadDim, row0, tk.partition_C(make_identity_tensor(TileK{})),
+                          s.sk - n0);
+      add_acc_t<kHeadDim>(acc_dv, p.dv_accum + row0 * kHeadDim, row0, tv.partition_C(make_identity_tensor(TileV{})),
+                          s.sk - n0);
+    }, sync);
     return;
   }
   const std::int64_t k_row0 = s.k_start + n0;

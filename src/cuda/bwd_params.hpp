@@ -34,6 +34,9 @@ struct BwdParams {
   float *dk_accum, *dv_accum;
   std::int64_t rows_k_total;
   int group_parts;
+  // Deterministic mode with group_parts > 1: per (KV head, key tile), how many parts have added
+  // their dK, dV (dkv_turn_index); part z % group_parts adds after the parts below it.
+  int* dkv_turns;
   // Deterministic mode on Hopper: key blocks are launched det_chain at a time over every (sequence,
   // head), last to first within a head (bwd_block); >= the key blocks of a row, one head's at a time.
   int det_chain;
@@ -49,14 +52,21 @@ struct BwdParams {
 // contiguous. Every writer and the conversion go through this one map; dq_cols >= 32.
 TA_HD int dq_column(std::int64_t row, int col) { return (((col >> 2) ^ (int(row & 3) << 1)) << 2) | (col & 3); }
 
-// The query tiles the deterministic mode orders its dQ adds by: 64 rows of one sequence.
+// The tiles the deterministic mode orders its adds by: 64 rows of one sequence (query rows for dQ,
+// key rows for dK and dV).
 inline constexpr int kDqTurnRows = 64;
 // Distinct for every (head, sequence, tile) even where sequences start mid-tile (varlen).
-TA_HD std::int64_t dq_turn_index(const BwdParams& p, int h, std::int64_t row_base, int b, int m0) {
-  return std::int64_t(h) * (p.rows_total / kDqTurnRows + p.batch + 1) + (row_base + m0) / kDqTurnRows + b;
+TA_HD std::int64_t turn_index(std::int64_t rows, int batch, int h, std::int64_t row_base, int b, int r0) {
+  return std::int64_t(h) * (rows / kDqTurnRows + batch + 1) + (row_base + r0) / kDqTurnRows + b;
 }
-TA_HD std::int64_t dq_turn_count(std::int64_t rows_total, int heads_q, int batch) {
-  return std::int64_t(heads_q) * (rows_total / kDqTurnRows + batch + 1);
+TA_HD std::int64_t turn_count(std::int64_t rows, int heads, int batch) {
+  return std::int64_t(heads) * (rows / kDqTurnRows + batch + 1);
+}
+TA_HD std::int64_t dq_turn_index(const BwdParams& p, int h, std::int64_t row_base, int b, int m0) {
+  return turn_index(p.rows_total, p.batch, h, row_base, b, m0);
+}
+TA_HD std::int64_t dkv_turn_index(const BwdParams& p, int hk, std::int64_t key_base, int b, int n0) {
+  return turn_index(p.rows_k_total, p.batch, hk, key_base, b, n0);
 }
 
 // The kernels leave the softmax scale out of dS (unless a softcap's derivative carries it) and
