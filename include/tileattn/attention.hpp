@@ -66,7 +66,7 @@ struct ForwardArgs {
   // are equal, besides the other mask rules.
   TensorView document_ids_q, document_ids_k;
   BlockMask block_mask;                    // optional: block-sparse attention
-  // Optional prefix-LM lengths per sequence, int32 [batch] on the host: options.prefix_len's rule
+  // Optional prefix-LM lengths per sequence, int32 [batch] on q's device: options.prefix_len's rule
   // with sequence b's own prefix (0: plain causal). Not together with options.prefix_len.
   TensorView prefix_lens;
   Options options;

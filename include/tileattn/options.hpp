@@ -34,7 +34,7 @@ struct Options {
   // attends to in both directions, besides the keys its causal mask lets it see (so it needs causal
   // or window_right >= 0, and takes no window_left or chunk_size). Rows above the first key under
   // bottom-right alignment see the prefix too. Per sequence instead: ForwardArgs::prefix_lens.
-  // 0 = off (plain causal). CPU backends only for now.
+  // 0 = off (plain causal). Forward and backward on every backend; decode on the CPU backends only.
   int prefix_len = 0;
   float softcap = 0.f;                        // > 0: score = softcap * tanh(score / softcap)
   // ALiBi's distance for query row i and key j of a sequence: |i + alibi_diagonal - j|. Unset: the
@@ -54,8 +54,9 @@ struct Options {
   int sm_margin = 0;
   // decode: copy device-resident cache_seqlens and page_table to the host and check them before
   // launch (one synchronization); forward and backward: the same for a device-resident block mask's
-  // counts and indices. Turn off inside CUDA graph capture and hot loops; the kernels then clamp
-  // out-of-range values rather than read outside the cache, and ignore out-of-range block entries.
+  // counts and indices and for prefix_lens. Turn off inside CUDA graph capture and hot loops; the
+  // kernels then clamp out-of-range values rather than read outside the cache, ignore out-of-range
+  // block entries and take a negative prefix length as 0.
   bool check_device_indices = true;
   // cuda backend: ask the driver where each tensor lies (a pointer query per tensor) and report one
   // that is not in its view's device's memory. A caller whose tensors' devices are certain (PyTorch

@@ -14,7 +14,8 @@
 #     decode append, rotary  GpuDecode.AppendWithRotaryOnEveryKernel (tensor-core kernel on pages
 #                            of 16 and of 5, CUDA-core kernel at head dim 256, each split)
 #     decode splits, combine GpuNanSemantics.DecodeSplitsAndCombine (1, 4 and 64 splits; combine)
-#     variants               GpuVariant.SmallCasesOfEachVariant (chunks, document ids, block masks, dense masks)
+#     variants               GpuVariant.SmallCasesOfEachVariant (chunks, document ids, block masks, dense masks,
+#                            prefix lengths)
 # The test names are the sources' (tests/gpu/); a name the binary does not list (a renamed test)
 # fails the step before anything runs.
 # TILEATTN_SANITIZE_TOOLS narrows the tools (default "memcheck racecheck synccheck initcheck").

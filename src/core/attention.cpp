@@ -23,18 +23,17 @@ bool writes_nothing(const Problem& p, const DecodeArgs& a) {
   return empty(a.out) && empty(a.lse) && (p.seqlen_new == 0 || p.batch == 0 || p.heads_kv == 0);
 }
 
-// The CUDA kernels take no prefix-LM yet.
-void reject_on_cuda(const char* fn, const Problem& p) {
+// The CUDA decode kernels take no prefix-LM yet (the forward and backward do).
+void reject_prefix_on_cuda(const char* fn, const Problem& p) {
   if (p.backend != Backend::cuda) return;
   if (p.prefix_lm())
     throw Error(std::string("tileattn::") + fn +
-                ": prefix-LM (options.prefix_len, prefix_lens) is not supported by the cuda backend yet (CPU backends only)");
+                ": prefix-LM (options.prefix_len) is not supported by the cuda backend's decode yet (CPU backends only)");
 }
 }  // namespace
 
 void forward(const ForwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("forward", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_forward(p, a);
@@ -45,7 +44,6 @@ void forward(const ForwardArgs& a) {
 
 void backward(const BackwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("backward", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_backward(p, a);
@@ -56,7 +54,7 @@ void backward(const BackwardArgs& a) {
 
 void decode(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("decode", p);
+  reject_prefix_on_cuda("decode", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_decode(p, a);
@@ -74,7 +72,6 @@ void combine(const CombineArgs& a) {
 
 std::size_t workspace_size(const ForwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
@@ -82,7 +79,6 @@ std::size_t workspace_size(const ForwardArgs& a) {
 
 std::size_t workspace_size(const BackwardArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);
@@ -90,7 +86,7 @@ std::size_t workspace_size(const BackwardArgs& a) {
 
 std::size_t workspace_size(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_on_cuda("workspace_size", p);
+  reject_prefix_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);

@@ -102,10 +102,17 @@ void check_prefix_lens(const char* fn, const TensorView& t, const Options& o, co
   check_same_device(fn, "prefix_lens", t, dev);
   check_prefix_mask(fn, "prefix_lens", o, p);
   p.prefix_per_seq = true;
-  // Device-resident lengths cannot be read here; the backends that take them run on the host.
-  if (dev.type != DeviceType::cpu) return;
+  // Device-resident lengths are copied here where options.check_device_indices (one
+  // synchronization); otherwise the kernels take a negative length as 0.
+  if (dev.type != DeviceType::cpu && (!o.check_device_indices || !cuda_available())) return;
+  HostCopy copy;
+  const TensorView* lens = &t;
+  if (dev.type != DeviceType::cpu) {
+    copy = host_copy(t);
+    lens = &copy.view;
+  }
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int32_t n = t.ptr<const std::int32_t>()[b * t.stride[0]];
+    const std::int32_t n = lens->ptr<const std::int32_t>()[b * lens->stride[0]];
     if (n < 0) fail(fn, "prefix_lens[", b, "] = ", n, " is negative");
   }
 }

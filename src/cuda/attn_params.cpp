@@ -53,6 +53,11 @@ FwdParams attn_params(const Problem& pr, const AttnTensors& t) {
   p.dropout = pr.dropout_p > 0.f;
   p.drop = pr.dropout(t.options);
   p.chunk = pr.chunk;
+  p.prefix_len = pr.prefix_len;
+  if (pr.prefix_per_seq) {
+    p.prefix_lens = t.prefix_lens.ptr<const int>();
+    p.prefix_stride = t.prefix_lens.stride[0];
+  }
   if (pr.documents) {
     // Batched [batch, seqlen], varlen [total] (batch stride 0, rows from cu_seqlens).
     auto ids = [&](const TensorView& d, const int*& ptr, std::int64_t& batch, std::int64_t& row) {

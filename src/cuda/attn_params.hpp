@@ -11,11 +11,15 @@ namespace tileattn::cuda {
 // The tensors of an attention call whose layout the kernels read through FwdParams.
 struct AttnTensors {
   const TensorView &q, &k, &v, &out, &lse, &cu_seqlens_q, &cu_seqlens_k, &alibi_slopes, &document_ids_q,
-      &document_ids_k, &dense_mask;
+      &document_ids_k, &prefix_lens, &dense_mask;
   const Options& options;
 };
 
 FwdParams attn_params(const Problem& pr, const AttnTensors& t);
+
+// Whether a call's visibility goes beyond the causal or window mask (chunks, document ids, a block
+// mask, a prefix): the kernels' variant instantiation takes it.
+inline bool takes_variant(const Problem& pr) { return pr.chunk > 0 || pr.documents || pr.block_sparse() || pr.prefix_lm(); }
 
 // The batch, row and head element strides of t: batched tensors are [b, s, h, d], varlen ones
 // [total, h, d] (batch stride 0) whose rows start at cu_seqlens[b].

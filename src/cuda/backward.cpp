@@ -49,13 +49,13 @@ std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
-// Chunks, document ids and block masks run on the Hopper kernel's variant instantiation, except in
-// the deterministic mode (its ordered dQ sums count the key blocks that visit a query tile as a
-// range), which runs them on the portable kernels. Modifiers: softcap, ALiBi, dropout, a
+// Chunks, document ids, block masks and prefixes run on the Hopper kernel's variant instantiation,
+// except in the deterministic mode (its ordered dQ sums count the key blocks that visit a query tile
+// as a range), which runs them on the portable kernels. Modifiers: softcap, ALiBi, dropout, a
 // non-positive scale.
 BwdGrid grid(const Problem& pr, const BackwardArgs& a) {
   const bool mods = pr.softcap > 0.f || pr.has_alibi || pr.dropout_p > 0.f || !(pr.scale > 0.f);
-  const bool variant = pr.chunk > 0 || pr.documents || pr.block_sparse();
+  const bool variant = takes_variant(pr);
   const bool deterministic = a.options.deterministic;
   return {pr.batch, pr.heads_q, pr.heads_kv, pr.seqlen_q, pr.seqlen_k, mods, variant, deterministic,
           device_runs_sm90a() && !(variant && deterministic), static_cast<cudaStream_t>(a.options.stream)};
@@ -163,7 +163,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
 
   BwdParams p{};
   p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
-                           a.document_ids_q, a.document_ids_k, a.block_mask.mask, a.options});
+                           a.document_ids_q, a.document_ids_k, a.prefix_lens, a.block_mask.mask, a.options});
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;

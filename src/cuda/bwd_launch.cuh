@@ -30,7 +30,7 @@ template <class E> struct BwdConfig<E, 256> { using type = BwdTraits<E, 256, 64,
 // with 128-row query tiles at head dim 64 (half the per-tile overhead where each tile's products are
 // short; the modifiers' kernel keeps 64 rows, as the softcap's derivative per element would spill)
 // and 64 rows beyond; 64-key tiles shared by two warpgroups past 128. The deterministic mode with
-// chunks, document ids or a block mask runs the portable kernels.
+// chunks, document ids, a prefix or a block mask runs the portable kernels.
 // narrow_v: where there is one, the plain calls' kernel for a V head dim up to its kHeadDimV.
 template <class E, int D> struct BwdConfigSm90 { using type = void; using mods = void; using narrow_v = void; };
 template <class E> struct BwdConfigSm90<E, 64> {

@@ -13,7 +13,7 @@ namespace tileattn::cuda {
 struct BwdGrid {
   int batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k;
   bool mods;           // softcap, ALiBi, dropout or a non-positive scale
-  bool variant;        // chunks, document ids or a block mask (the kernels' kVariant instantiations)
+  bool variant;        // takes_variant: the kernels' kVariant instantiations
   bool deterministic;  // bitwise-reproducible gradients
   bool sm90a;          // run the Hopper kernel (where built)
   cudaStream_t stream;

@@ -48,8 +48,7 @@ int forward_instance_hdim(DType dtype, int hdim) {
 // left to claim there, and a small call then allocates no scratch and launches no clearing kernel,
 // which its host time would feel.
 bool claims_tiles(const Problem& pr) {
-  if (!device_runs_sm90a() || !(pr.varlen || pr.window_left >= 0 || pr.window_right >= 0 || pr.chunk > 0 ||
-                                pr.documents || pr.block_sparse()))
+  if (!device_runs_sm90a() || !(pr.varlen || pr.window_left >= 0 || pr.window_right >= 0 || takes_variant(pr)))
     return false;
   const std::int64_t tiles = (std::int64_t{pr.seqlen_q} + 127) / 128 * pr.batch * pr.heads_q;
   return tiles > device_sm_count();
@@ -68,7 +67,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
   FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
-                                  a.document_ids_q, a.document_ids_k, a.block_mask.mask, a.options});
+                                  a.document_ids_q, a.document_ids_k, a.prefix_lens, a.block_mask.mask, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
   const std::size_t counter = counter_bytes(pr);
   Workspace ws(a.options, counter + block_state_bytes(pr, a.block_mask), stream);
@@ -76,7 +75,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
     p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
-                  pr.chunk > 0 || pr.documents || pr.block_sparse(), device_runs_sm90a(),
+                  takes_variant(pr), device_runs_sm90a(),
                   pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr,
                   a.options.sm_margin, stream};
   in->launch(p, g);

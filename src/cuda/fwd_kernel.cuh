@@ -59,8 +59,8 @@ struct FwdTraits {
 
 // kMods: the kernel with the variant's score transform (softcap, ALiBi) and dropout; without it
 // scores stay raw and the softmax folds the scale into its exponent. kEvenK: both head dims equal
-// the tile's, no column checks. kVariant: the kernel that takes chunks, document ids and block
-// masks (key_tiles.cuh).
+// the tile's, no column checks. kVariant: the kernel that takes chunks, document ids, prefixes and
+// block masks (key_tiles.cuh).
 template <class T, bool kMods, bool kEvenK, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename T::Element;

@@ -14,7 +14,7 @@ namespace tileattn::cuda {
 struct FwdGrid {
   int batch, heads_q, max_seqlen_q;
   bool mods;  // softcap, ALiBi, dropout or a non-positive scale: the kernel variant that applies them
-  bool variant;  // chunks, document ids or a block mask: the kernels that take them
+  bool variant;  // takes_variant: the kernels that take chunks, document ids, prefixes and block masks
   bool sm90a;  // run the Hopper kernel (where built)
   int block_q, block_k;  // the block mask's block sizes (0: none): the Hopper kernel's tiles must divide them
   int* tile_counter;  // Hopper kernel: claim tiles from this counter (zeroed by the launch); nullptr: static order

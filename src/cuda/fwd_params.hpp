@@ -53,6 +53,11 @@ struct FwdParams {
   bool dropout;
   Dropout drop;
   int chunk;                        // chunked-local attention; 0 = off
+  // Prefix-LM: every row also sees keys [0, prefix) of its sequence, prefix = prefix_lens[b *
+  // prefix_stride] where given, else prefix_len (0 = off; a negative length counts as 0).
+  int prefix_len;
+  const int* prefix_lens;
+  std::int64_t prefix_stride;
   const int *doc_q, *doc_k;         // document ids; nullptr: none
   std::int64_t doc_q_batch, doc_q_row, doc_k_batch, doc_k_row;
   // The block mask's dense element mask (BlockMask::mask, u8); nullptr: none. Element strides, the
@@ -69,6 +74,7 @@ TA_HD Variant sequence_variant(const FwdParams& p, int b, int q_start, int k_sta
   Variant v;
   v.mask = Mask(sq, sk, p.bottom_right, p.window_left, p.window_right).with_alibi_diag(p.alibi_diag_set, p.alibi_diag);
   v.chunk = p.chunk;
+  v.prefix = p.prefix_lens != nullptr ? p.prefix_lens[b * p.prefix_stride] : p.prefix_len;
   v.score = ScoreMod{p.scale, p.softcap, 0.f};
   v.alibi = p.alibi != nullptr;
   v.dropout = p.dropout;

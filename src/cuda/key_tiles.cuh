@@ -2,8 +2,8 @@
 // ranges: causal, window, chunks, documents) and the block mask where there is one. Every kernel
 // walks its key (or query) tiles from the last visited one down, through next_visited.
 //
-// kVariant: the kernel instantiation that takes chunks, document ids and block masks (with their
-// dense element masks). Without it
+// kVariant: the kernel instantiation that takes chunks, document ids, prefixes and block masks (with
+// their dense element masks; takes_variant). Without it
 // they are compile-time absent (restricted()), so a causal or windowed call runs the code it ran
 // before the variant existed: more live state in the tile loops made the portable kernels spill.
 #pragma once
@@ -13,9 +13,8 @@
 
 namespace tileattn::cuda {
 
-// The variant as an instantiation sees it: without kVariant, no chunks, no document ids and no
-// prefix (which the cuda backend does not take) and no dense mask, as constants the compiler folds
-// away.
+// The variant as an instantiation sees it: without kVariant, no chunks, no document ids, no prefix
+// and no dense mask, as constants the compiler folds away.
 template <bool kVariant>
 __device__ __forceinline__ Variant restricted(Variant v) {
   if constexpr (!kVariant) {

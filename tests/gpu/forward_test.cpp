@@ -601,11 +601,6 @@ TEST_F(GpuForward, RejectsWhatTheKernelCannotTake) {
   f32.v = dv32.view();
   f32.out = do32.view();
   expect_error(f32, "f16 and bf16");
-
-  ForwardArgs prefix = d.args();
-  prefix.options.causal = true;
-  prefix.options.prefix_len = 8;
-  expect_error(prefix, "prefix-LM (options.prefix_len, prefix_lens) is not supported by the cuda backend");
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // The cuda kernels' variants against the fp64 oracle with the same mask materialized (DESIGN.md
 // tolerance rule, baseline: standard attention in the input dtype): chunked-local attention,
-// document ids of packed sequences and block-sparse masks (with a dense element mask or without),
-// forward and backward, combined with the other options (causal and window in both alignments,
+// document ids of packed sequences, prefix-LM and block-sparse masks (with a dense element mask or
+// without), forward and backward, combined with the other options (causal and window in both alignments,
 // softcap, ALiBi, dropout, GQA, varlen, BHSD views); the decode kernels' chunks; and the block masks
-// the cuda backend rejects.
+// and prefix lengths the cuda backend rejects.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,14 +32,15 @@ class GpuVariant : public ::testing::Test {
 
 // Device copies of every tensor of a case, and its argument structs pointing at them.
 struct OnDevice {
-  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes, doc_q, doc_k, kv_num, kv_idx, full_num,
-      full_idx, dense;
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, slopes, doc_q, doc_k, prefix, kv_num, kv_idx,
+      full_num, full_idx, dense;
 
   OnDevice(const Case& c, const CaseTensors& t)
       : q(t.q), k(t.k), v(t.v), out(t.out), lse(t.lse), dout(t.dout), dq(t.dq), dk(t.dk), dv(t.dv) {
     if (c.varlen) cu_q = DeviceTensor(t.cu_q), cu_k = DeviceTensor(t.cu_k);
     if (c.alibi) slopes = DeviceTensor(t.slopes);
     if (c.documents) doc_q = DeviceTensor(t.doc_q), doc_k = DeviceTensor(t.doc_k);
+    if (!c.prefix_lens.empty()) prefix = DeviceTensor(t.prefix);
     if (c.sparse.block_q) {
       kv_num = DeviceTensor(t.kv_num);
       kv_idx = DeviceTensor(t.kv_idx);
@@ -58,6 +59,7 @@ struct OnDevice {
     if (c.varlen) a.cu_seqlens_q = cu_q.view(), a.cu_seqlens_k = cu_k.view();
     if (c.alibi) a.alibi_slopes = slopes.view();
     if (c.documents) a.document_ids_q = doc_q.view(), a.document_ids_k = doc_k.view();
+    if (!c.prefix_lens.empty()) a.prefix_lens = prefix.view();
     if (c.sparse.block_q) {
       a.block_mask.kv_num_blocks = kv_num.view();
       a.block_mask.kv_indices = kv_idx.view();
@@ -208,6 +210,16 @@ TEST_F(GpuVariant, DocumentIdsMatchOracle) {
   });
 }
 
+// Prefix-LM, per call and per sequence (lengths from none to past every key), with causal or a
+// right window in either alignment and the other options.
+TEST_F(GpuVariant, PrefixLmMatchesOracle) {
+  sweep(24, true, [](std::mt19937_64& rng) {
+    Case c = gpu_case(rng, 400);
+    add_prefix_lm(c, rng);
+    return c;
+  });
+}
+
 // Every block-mask pattern (random density, all full, all partial, one block, empty rows, causal
 // as blocks) with 128- and 256-wide blocks, under the options' element masks.
 TEST_F(GpuVariant, BlockSparseMatchesOracle) {
@@ -254,10 +266,11 @@ TEST_F(GpuVariant, LongBlockSparseAndChunkedGqa) {
 
 // One small case of each variant, forward and backward, varlen with a short last sequence and odd
 // sizes: small enough for compute-sanitizer (scripts/gpu/30-sanitize.sh), which checks that
-// document ids, the block mask's cells and its dense mask are never read past their sequences.
+// document ids, prefix lengths, the block mask's cells and its dense mask are never read past their
+// sequences.
 TEST_F(GpuVariant, SmallCasesOfEachVariant) {
   std::mt19937_64 rng(11);
-  for (int kind = 0; kind < 4; ++kind) {
+  for (int kind = 0; kind < 5; ++kind) {
     Case c;
     c.dtype = DType::bf16;
     c.batch = 2;
@@ -275,6 +288,7 @@ TEST_F(GpuVariant, SmallCasesOfEachVariant) {
     if (kind == 1) c.documents = true;
     if (kind >= 2) add_random_block_mask(c, rng, {128});
     if (kind == 3) add_random_dense_mask(c, rng);
+    if (kind == 4) c.prefix_lens = {90, 60};  // past the second sequence's keys
     check_case(c, 100 + kind, true);
     if (HasFailure()) return;
   }
@@ -364,6 +378,24 @@ TEST_F(GpuVariant, RejectsBlockMasksTheKernelsCannotTake) {
   OnDevice d(c, t);
   expect_rejected([&] { forward(d.forward_args(c, t)); }, {"block_mask.kv_indices[0, 0, 0, 0] = 9"}, {});
   expect_rejected([&] { backward(d.backward_args(c, t)); }, {"block_mask.kv_indices[0, 0, 0, 0] = 9"}, {});
+}
+
+// A negative device-resident prefix length is read back and rejected, naming the sequence, before
+// anything is written.
+TEST_F(GpuVariant, RejectsNegativePrefixLengths) {
+  std::mt19937_64 rng(8);
+  Case c;
+  c.dtype = DType::bf16;
+  c.batch = 2;
+  c.seqlen_q = c.seqlen_k = 100;
+  c.hdim = c.hdim_v = 64;
+  c.options.backend = Backend::cuda;
+  c.options.causal = true;
+  c.prefix_lens = {5, -3};
+  CaseTensors t(c, rng);
+  OnDevice d(c, t);
+  expect_rejected([&] { forward(d.forward_args(c, t)); }, {"prefix_lens[1] = -3 is negative"}, {});
+  expect_rejected([&] { backward(d.backward_args(c, t)); }, {"prefix_lens[1] = -3 is negative"}, {});
 }
 
 }  // namespace
