@@ -46,6 +46,8 @@ std::size_t workspace_size(const Problem& p, const DecodeArgs& a);
 std::string check_forward(const Problem& p, const ForwardArgs& a);
 std::string check_backward(const Problem& p, const BackwardArgs& a);
 std::string check_decode(const Problem& p, const DecodeArgs& a);
+// Once the head dims are known (check_decode runs before: it clears the index tensors to be read).
+std::string check_decode_head_dim(const Problem& p);
 std::string check_combine(const Problem& p, const CombineArgs& a);
 }  // namespace cuda
 

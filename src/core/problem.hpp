@@ -47,6 +47,7 @@ struct Problem {
   bool rotary_per_row = false;  // query row i at cache length + i (causal or windowed call)
 
   int group() const { return heads_q / heads_kv; }
+  int hdim() const { return hdim_qk > hdim_v ? hdim_qk : hdim_v; }  // the larger head dim: what a kernel must hold
   Mask mask(int sq, int sk) const {
     return Mask(sq, sk, bottom_right, window_left, window_right).with_alibi_diag(alibi_diag_set, alibi_diag);
   }

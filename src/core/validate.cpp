@@ -445,6 +445,10 @@ static Problem validate_decode(const DecodeArgs& a) {
   p.hdim_v = to_int(fn, "v_cache head_dim", a.v_cache.shape[3]);
   check_head_dim(fn, "q.shape[3] (head_dim_qk)", p.hdim_qk);
   check_head_dim(fn, "v_cache.shape[3] (head_dim_v)", p.hdim_v);
+#if defined(TILEATTN_WITH_CUDA)
+  if (p.backend == Backend::cuda)
+    if (const std::string why = cuda::check_decode_head_dim(p); !why.empty()) fail(fn, why);
+#endif
   if (p.heads_q < 1) fail(fn, "q has ", p.heads_q, " heads, expected >= 1");
   if (p.heads_kv < 1 || p.heads_q % p.heads_kv != 0)
     fail(fn, "k_cache heads (heads_kv) = ", p.heads_kv, " must be >= 1 and divide q heads (heads_q) = ", p.heads_q);

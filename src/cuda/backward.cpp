@@ -12,6 +12,7 @@
 #include "cuda/attn_params.hpp"
 #include "cuda/block_state.hpp"
 #include "cuda/bwd_launch.hpp"
+#include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
 
@@ -34,14 +35,7 @@ constexpr BwdInstance kInstances[] = {
 #undef TA_INSTANCE
 };
 
-const BwdInstance* find_instance(DType dtype, int hdim) {
-  const BwdInstance* best = nullptr;
-  for (const auto& in : kInstances)
-    if (in.dtype == dtype && in.hdim >= hdim && (!best || in.hdim < best->hdim)) best = &in;
-  return best;
-}
-
-int call_hdim(const Problem& p) { return p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v; }
+const BwdInstance* find_instance(DType dtype, int hdim) { return smallest_instance(kInstances, dtype, hdim); }
 
 std::int64_t rows_total(const Problem& p, const BackwardArgs& a) {
   return p.varlen ? a.q.shape[0] : std::int64_t(p.batch) * p.seqlen_q;
@@ -101,7 +95,7 @@ int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) 
 // (bench/notes/backward.md).
 int det_chain(const Problem& p, int parts) {
   const std::size_t head_bytes = std::size_t(p.seqlen_q) * (p.group() / parts) *
-                                 (dtype_size(p.dtype) * (p.hdim_qk + p.hdim_v) + sizeof(float) * call_hdim(p));
+                                 (dtype_size(p.dtype) * (p.hdim_qk + p.hdim_v) + sizeof(float) * p.hdim());
   return head_bytes * 5 <= device_l2_bytes() ? 8 : std::max(1, p.seqlen_k);
 }
 
@@ -129,7 +123,7 @@ struct Scratch {
 Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::int64_t rows_all = rows_total(p, a);
   const std::size_t rows = std::size_t(rows_all) * p.heads_q;
-  const BwdInstance* in = find_instance(p.dtype, call_hdim(p));
+  const BwdInstance* in = find_instance(p.dtype, p.hdim());
   const std::size_t cols = in ? in->hdim : 0;
   const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a));
   const bool summed = !a.options.deterministic || ordered;
@@ -159,7 +153,7 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   if (pr.batch == 0 || pr.heads_q == 0) return;
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
-  const BwdInstance* in = find_instance(pr.dtype, call_hdim(pr));
+  const BwdInstance* in = find_instance(pr.dtype, pr.hdim());
 
   BwdParams p{};
   p.fwd = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,

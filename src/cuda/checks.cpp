@@ -12,6 +12,7 @@
 #include "core/backends.hpp"
 #include "cuda/block_state.hpp"
 #include "cuda/bwd_launch.hpp"
+#include "cuda/decode/decode_kernel.hpp"
 #include "cuda/fwd_launch.hpp"
 
 namespace tileattn::cuda {
@@ -59,17 +60,19 @@ std::string vector_aligned(const char* name, const TensorView& t) {
   return {};
 }
 
+std::string no_kernel(const Problem& p, const char* what) {
+  std::ostringstream os;
+  os << "head_dim " << p.hdim() << " with dtype " << dtype_name(p.dtype) << " has no cuda " << what
+     << " kernel in this build (see TILEATTN_CUDA_DTYPES / TILEATTN_CUDA_HDIMS)";
+  return os.str();
+}
+
 // Dtype, a kernel for the head dim, residence and 16-byte alignment of every tensor.
 std::string check_attention(const Problem& p, const char* what, int instance_hdim, bool check_residence,
                             std::initializer_list<std::pair<const char*, const TensorView*>> all) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("q has dtype ") + dtype_name(p.dtype) + ", the cuda backend supports f16 and bf16";
-  if (instance_hdim == 0) {
-    std::ostringstream os;
-    os << "head_dim " << (p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v) << " with dtype " << dtype_name(p.dtype)
-       << " has no cuda " << what << " kernel in this build (see TILEATTN_CUDA_DTYPES / TILEATTN_CUDA_HDIMS)";
-    return os.str();
-  }
+  if (instance_hdim == 0) return no_kernel(p, what);
   for (const auto& [name, t] : all)
     if (auto m = where_is(name, *t, check_residence); !m.empty()) return m;
   for (const auto& [name, t] : all)
@@ -101,7 +104,7 @@ std::string check_variant(const Problem& p, const TensorView& doc_q, const Tenso
 
 std::string check_forward(const Problem& p, const ForwardArgs& a) {
   std::string why =
-      check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+      check_attention(p, "forward", forward_instance_hdim(p.dtype, p.hdim()),
                       a.options.check_residence,
                       {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"lse", &a.lse},
                        {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
@@ -111,7 +114,7 @@ std::string check_forward(const Problem& p, const ForwardArgs& a) {
 
 std::string check_backward(const Problem& p, const BackwardArgs& a) {
   std::string why =
-      check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim_qk > p.hdim_v ? p.hdim_qk : p.hdim_v),
+      check_attention(p, "backward", backward_instance_hdim(p.dtype, p.hdim()),
                       a.options.check_residence,
                       {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"lse", &a.lse},
                        {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"cu_seqlens_q", &a.cu_seqlens_q},
@@ -132,6 +135,10 @@ std::string check_decode(const Problem& p, const DecodeArgs& a) {
   for (const auto& [name, t] : {std::pair{"q", &a.q}, std::pair{"k_cache", &a.k_cache}, std::pair{"v_cache", &a.v_cache}})
     if (auto m = vector_aligned(name, *t); !m.empty()) return m;
   return {};
+}
+
+std::string check_decode_head_dim(const Problem& p) {
+  return decode_instance_hdim(p.dtype, p.hdim()) == 0 ? no_kernel(p, "decode") : std::string();
 }
 
 std::string check_combine(const Problem&, const CombineArgs& a) {

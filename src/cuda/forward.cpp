@@ -9,6 +9,7 @@
 #include "cuda/attn_params.hpp"
 #include "cuda/block_state.hpp"
 #include "cuda/fwd_launch.hpp"
+#include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
 #include "tileattn/error.hpp"
@@ -28,12 +29,7 @@ constexpr FwdInstance kInstances[] = {
 #undef TA_INSTANCE
 };
 
-const FwdInstance* find_instance(DType dtype, int hdim) {
-  const FwdInstance* best = nullptr;
-  for (const auto& in : kInstances)
-    if (in.dtype == dtype && in.hdim >= hdim && (!best || in.hdim < best->hdim)) best = &in;
-  return best;
-}
+const FwdInstance* find_instance(DType dtype, int hdim) { return smallest_instance(kInstances, dtype, hdim); }
 
 }  // namespace
 
@@ -68,7 +64,7 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
   FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
                                   a.document_ids_q, a.document_ids_k, a.prefix_lens, a.block_mask.mask, a.options});
-  const FwdInstance* in = find_instance(pr.dtype, pr.hdim_qk > pr.hdim_v ? pr.hdim_qk : pr.hdim_v);
+  const FwdInstance* in = find_instance(pr.dtype, pr.hdim());
   const std::size_t counter = counter_bytes(pr);
   Workspace ws(a.options, counter + block_state_bytes(pr, a.block_mask), stream);
   if (pr.block_sparse())

@@ -6,14 +6,14 @@
 #include <algorithm>
 
 #include "core/backends.hpp"
-#include "tileattn/error.hpp"
 #include "cuda/decode/append_kernel.cuh"
 #include "cuda/decode/combine_kernel.cuh"
-#include "cuda/decode/gqa_mma_kernel.cuh"
-#include "cuda/decode/split_kv_kernel.cuh"
+#include "cuda/decode/decode_kernel.hpp"
 #include "cuda/dependent_launch.cuh"
+#include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
+#include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
 namespace {
@@ -24,79 +24,27 @@ using decoding::Params;
 
 constexpr int kMinKeysPerSplit = 256;
 
-int padded_dim(const Problem& p) {
-  const int d = std::max(p.hdim_qk, p.hdim_v);
-  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
-}
+using decoding::Kernel;
 
-// A decode kernel as the host sees it: the function, its block size and shared memory, and how
-// many query rows of a (sequence, KV head) one block carries.
-struct Kernel {
-  void (*fn)(Params);
-  int threads;
-  std::size_t smem;
-  int rows;
-  int per_sm = 0;  // resident blocks per SM
+struct DecodeInstance {
+  DType dtype;
+  int hdim;
+  Kernel (*pick)(int rows, bool per_key);
 };
 
-// Once per kernel and process: its occupancy (the same on every device of one architecture).
-Kernel configure(Kernel k) {
-  raise_smem_limit(reinterpret_cast<const void*>(k.fn), static_cast<int>(k.smem),
-                   "cudaFuncSetAttribute (decode shared memory)");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.fn, k.threads, k.smem), "decode occupancy");
-  k.per_sm = std::max(k.per_sm, 1);
-  return k;
-}
+constexpr DecodeInstance kInstances[] = {
+#define TA_DECODE_INSTANCE(dtype, hdim) {DType::dtype, hdim, &decoding::pick_kernel<DType::dtype, hdim>},
+#include "decode_instances.inc"
+#undef TA_DECODE_INSTANCE
+};
 
-// CUDA cores, all rows in every lane: head dims past 128, whose tensor-core state would not fit
-// in registers.
-template <class T, int D, int ROWS>
-Kernel split_kv() {
-  constexpr int kWarps = 4;
-  static const Kernel k = configure({&decoding::split_kv_kernel<T, D, ROWS, kWarps>, kWarps * 32,
-                                     decoding::SplitKvShape<D, ROWS, kWarps>::kSmemBytes, ROWS});
-  return k;
-}
+const DecodeInstance* find_instance(DType dtype, int hdim) { return smallest_instance(kInstances, dtype, hdim); }
 
-// Tensor cores: head dims up to 128, any number of query rows per KV head.
-template <class T, int D, bool kPerKey>
-Kernel gqa_mma() {
-  constexpr int kWarps = 8;
-  using Shape = decoding::GqaMmaShape<D, kWarps>;
-  static const Kernel k =
-      configure({&decoding::gqa_mma_kernel<T, D, kWarps, kPerKey>, kWarps * 32, Shape::kSmemBytes, Shape::kRows});
-  return k;
-}
-
-template <class T, int D>
-Kernel pick(int rows, bool per_key) {
-  if constexpr (D <= 128) {
-    return per_key ? gqa_mma<T, D, true>() : gqa_mma<T, D, false>();
-  } else {
-    switch (rows) {
-      case 1: return split_kv<T, D, 1>();
-      case 2: return split_kv<T, D, 2>();
-      case 3:
-      case 4: return split_kv<T, D, 4>();
-      default: return split_kv<T, D, 8>();
-    }
-  }
-}
-
-template <class T>
-Kernel pick_dim(int d, int rows, bool per_key) {
-  switch (d) {
-    case 64: return pick<T, 64>(rows, per_key);
-    case 128: return pick<T, 128>(rows, per_key);
-    default: return pick<T, 256>(rows, per_key);
-  }
-}
-
+// check_decode has made sure an instance exists.
 Kernel select_kernel(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
   const bool per_key = p.paged && p.page_size % decoding::kTileKeys != 0;  // a tile may span pages
-  return p.dtype == DType::f16 ? pick_dim<__half>(padded_dim(p), rows, per_key)
-                               : pick_dim<__nv_bfloat16>(padded_dim(p), rows, per_key);
+  return find_instance(p.dtype, p.hdim())->pick(rows, per_key);
 }
 
 // Splits of the KV sequence. The heuristic takes as many as fill one wave of resident blocks (the
@@ -185,7 +133,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
     ap.cos_s = a.rotary_cos.stride[0], ap.sin_s = a.rotary_sin.stride[0];
     ap.interleaved = a.rotary_interleaved;
   }
-  const int pair_threads = (std::max(p.hdim_qk, p.hdim_v) / 2 + 31) / 32 * 32;
+  const int pair_threads = (p.hdim() / 2 + 31) / 32 * 32;
   if (p.seqlen_new > 0 && p.batch > 0) {
     ap.k_new = a.k_new.data, ap.v_new = a.v_new.data;
     ap.kn_b = a.k_new.stride[0], ap.kn_s = a.k_new.stride[1], ap.kn_h = a.k_new.stride[2];
@@ -247,6 +195,11 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
 }
 
 }  // namespace
+
+int decode_instance_hdim(DType dtype, int hdim) {
+  const DecodeInstance* in = find_instance(dtype, hdim);
+  return in ? in->hdim : 0;
+}
 
 std::size_t workspace_size(const Problem& p, const DecodeArgs& a) { return reported_bytes(layout(p, a.options).total); }
 
