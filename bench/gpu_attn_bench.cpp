@@ -3,9 +3,10 @@
 // peers and merges the records).
 //
 //   tileattn_gpu_bench [--iters N] [--dtype bf16|f16] [--backward [--deterministic]]
-//                      BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V]] ...
+//                      BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V[:WINDOW_LEFT:WINDOW_RIGHT]]] ...
 //
-// HEADS_KV defaults to HEADS (grouped-query rows give fewer), HDIM_V to HDIM.
+// HEADS_KV defaults to HEADS (grouped-query rows give fewer), HDIM_V to HDIM, the window to none
+// (-1: that side unbounded). FLOP counts take the pairs the mask keeps.
 // The backward's out and lse come from one forward call per input set, before the timing.
 // Inputs are random, laid out [batch, seqlen, heads, hdim], and rotate among several sets so that
 // no call finds its inputs in L2. `ms` is the median of calls issued back to back, as the peers are
@@ -32,7 +33,21 @@ struct Row {
   int batch, seqlen, heads, hdim;
   bool causal;
   int heads_kv, hdim_v;
+  int window_left = -1, window_right = -1;
 };
+
+// The (query, key) pairs a row of one sequence keeps: seqlen_q == seqlen_k, so causal is a window
+// bounded at 0 on the right.
+double kept_pairs(const Row& r) {
+  const int right = r.causal ? (r.window_right < 0 ? 0 : std::min(r.window_right, 0)) : r.window_right;
+  double pairs = 0;
+  for (int i = 0; i < r.seqlen; ++i) {
+    const int lo = r.window_left < 0 ? 0 : std::max(0, i - r.window_left);
+    const int hi = right < 0 ? r.seqlen - 1 : std::min(r.seqlen - 1, i + right);
+    pairs += std::max(0, hi - lo + 1);
+  }
+  return pairs;
+}
 
 constexpr int kSets = 3;
 
@@ -55,12 +70,12 @@ int main(int argc, char** argv) {
     } else {
       Row r{};
       int causal = 0;
-      const int n = std::sscanf(argv[i], "%d:%d:%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal,
-                                &r.heads_kv, &r.hdim_v);
-      if (n < 5) {
+      const int n = std::sscanf(argv[i], "%d:%d:%d:%d:%d:%d:%d:%d:%d", &r.batch, &r.seqlen, &r.heads, &r.hdim, &causal,
+                                &r.heads_kv, &r.hdim_v, &r.window_left, &r.window_right);
+      if (n < 5 || n == 8) {
         std::fprintf(stderr,
                      "usage: %s [--iters N] [--dtype bf16|f16] [--backward [--deterministic]] "
-                     "BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V]] ...\n",
+                     "BATCH:SEQLEN:HEADS:HDIM:CAUSAL[:HEADS_KV[:HDIM_V[:WINDOW_LEFT:WINDOW_RIGHT]]] ...\n",
                      argv[0]);
         return 2;
       }
@@ -106,6 +121,8 @@ int main(int argc, char** argv) {
       a.out = tileattn::view(o[s], dtype, {r.batch, r.seqlen, r.heads, r.hdim_v}, dev);
       a.lse = tileattn::view(lse[s], tileattn::DType::f32, {r.batch, r.heads, r.seqlen}, dev);
       a.options.causal = r.causal;
+      a.options.window_left = r.window_left;
+      a.options.window_right = r.window_right;
       a.options.backend = tileattn::Backend::cuda;
       return a;
     };
@@ -142,16 +159,18 @@ int main(int argc, char** argv) {
     int next = 0;
     const double median = bench::median_ms([&] { call(next++ % kSets); }, 0, iters);
     const double call_ms = bench::isolated_ms([&] { call(next++ % kSets); }, 0, iters);
-    // 2 * (hdim + hdim_v) per (query, key) pair: S = Q K^T and O = P V.
-    const double flops = (backward ? 2.5 : 1.0) * 2.0 * r.batch * r.heads * double(r.seqlen) * r.seqlen *
-                         (r.hdim + r.hdim_v) * (r.causal ? 0.5 : 1.0);
+    // 2 * (hdim + hdim_v) per (query, key) pair: S = Q K^T and O = P V. Causal rows count half the
+    // square, as every peer's and FlashAttention's figures do (kept_pairs would add the diagonal).
+    const bool windowed = r.window_left >= 0 || r.window_right >= 0;
+    const double pairs = windowed ? kept_pairs(r) : double(r.seqlen) * r.seqlen * (r.causal ? 0.5 : 1.0);
+    const double flops = (backward ? 2.5 : 1.0) * 2.0 * r.batch * r.heads * pairs * (r.hdim + r.hdim_v);
     const std::size_t lse_bytes = std::size_t(r.batch) * r.heads * r.seqlen * sizeof(float);
     std::printf(
         "{\"grid\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, "
-        "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"hdim_v\": %d, \"causal\": %s, \"page_size\": null, \"ms\": %.5f, "
+        "\"heads_q\": %d, \"heads_kv\": %d, \"hdim\": %d, \"hdim_v\": %d, \"causal\": %s, \"window_left\": %d, \"window_right\": %d, \"page_size\": null, \"ms\": %.5f, "
         "\"tflops\": %.2f, \"tbps\": null, \"call_ms\": %.5f, \"workspace_bytes\": %zu, \"lse_bytes\": %zu, \"device_alloc_bytes\": %lld}\n",
         backward ? "bwd" : "fwd", deterministic ? "tileattn-deterministic" : "tileattn", tileattn::dtype_name(dtype), r.batch, r.seqlen, r.seqlen, r.heads, r.heads_kv, r.hdim, r.hdim_v, r.causal ? "true" : "false",
-        median, flops / (median * 1e-3) / 1e12, call_ms,
+        r.window_left, r.window_right, median, flops / (median * 1e-3) / 1e12, call_ms,
         backward ? tileattn::workspace_size(bwd_args_for(0)) : tileattn::workspace_size(args_for(0)), lse_bytes,
         static_cast<long long>(free_before) - static_cast<long long>(free_after));
     std::fflush(stdout);

@@ -5,19 +5,23 @@ the same inputs' layout. A peer's backward is timed as torch.autograd.grad of it
 output; FLOPs of the backward are 2.5x the forward's.
 
     gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json [--commit SHA] [--quick] [--backward]
-                 [--sections mha,gqa,dv,fp16] [--hdims 64,128]
+                 [--sections mha,gqa,dv,fp16,small,window] [--hdims 64,128]
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
 grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
 192 for Q/K with 128 for V (16 heads, on 16 and on 4 KV heads); "fp16" the mha rows at head dim 128 in fp16; "small"
 grouped-query rows at a fixed small batch instead of 16k tokens (batch 2 with 8 query heads on 2 KV
-heads at head dim 64, as a small Llama-style model trains; batch 1 with 32 on 8 at head dim 128).
-Every section has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on. Grouped peers run with
+heads at head dim 64, as a small Llama-style model trains; batch 1 with 32 on 8 at head dim 128);
+"window" a sliding window of 1024 keys to the left (right bound 0, as Mistral-style models attend)
+at 32 query heads on 8 KV heads, head dim 128, 2k and 8k tokens (SDPA takes no window: tileattn
+alone, and its candidate). Every other section has seqlen 512, 2k, 8k, 16k (512 and 2k with
+--quick), causal off and on. Grouped peers run with
 enable_gqa=True; a peer that refuses it is timed on K and V expanded inside its graph (the record
 says "kv_expanded").
 
 With --backward the grid also times tileattn's deterministic mode (impl "tileattn-deterministic",
-its own column), the cost of bitwise-reproducible gradients.
+its own column), the cost of bitwise-reproducible gradients; with a candidate the table also gives
+its deterministic mode's ratio ("det c/o").
 
 --candidate PATH times a second build's timing program (a kernel change under trial) beside the
 first in every row, as impl "tileattn-candidate" ("tileattn-deterministic-candidate"), the two in
@@ -45,7 +49,8 @@ SEQLENS = (512, 2048, 8192, 16384)
 SETS = 3  # input sets rotated between calls so that L2 never holds a call's inputs
 
 
-SECTIONS = ("mha", "gqa", "dv", "fp16", "small")
+SECTIONS = ("mha", "gqa", "dv", "fp16", "small", "window")
+WINDOW_LEFT = 1024
 
 
 def grid(quick, sections, hdims=None):
@@ -67,7 +72,11 @@ def grid(quick, sections, hdims=None):
         for s in seqlens:
             for causal in (False, True):
                 yield dict(dtype=dtype, batch=batch or TOKENS // s, seqlen=s, heads=hq, heads_kv=hkv, hdim=d,
-                           hdim_v=dv, causal=causal)
+                           hdim_v=dv, causal=causal, window=None)
+    if "window" in sections and (not hdims or 128 in hdims):
+        for s in (2048, 8192):
+            yield dict(dtype="bf16", batch=TOKENS // s, seqlen=s, heads=32, heads_kv=8, hdim=128, hdim_v=128,
+                       causal=False, window=(WINDOW_LEFT, 0))
 
 
 def flops(r, backward):
@@ -173,7 +182,7 @@ def main():
     hdims = {int(d) for d in args.hdims.split(",") if d}
     rows = list(grid(args.quick, sections, hdims))
     specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}:{r['heads_kv']}:{r['hdim_v']}"
-             for r in rows]
+             + (f":{r['window'][0]}:{r['window'][1]}" if r["window"] else "") for r in rows]
     # Ours and the peers row by row, each row's implementations one after the other, so that all of
     # them meet the GPU in the same state (clocks, temperature) rather than ours first for the grid.
     modes = [["--backward"], ["--backward", "--deterministic"]] if args.backward else [[]]
@@ -201,13 +210,14 @@ def main():
                         rec = json.loads(line)
                         rec["impl"] += suffix
                         records.append(rec)
-        records += peer_rows(r, args.iters, args.backward)
+        if not r["window"]:
+            records += peer_rows(r, args.iters, args.backward)
         write(False)
         print(f"row {i + 1}/{len(rows)} timed: {r['dtype']} {spec}", flush=True)
     write(True)
 
     key = lambda x: (x["dtype"], x["heads_q"], x["heads_kv"], x["hdim"], x.get("hdim_v", x["hdim"]), x["seqlen_q"],
-                     x["causal"])
+                     x["causal"], x.get("window_left", -1), x.get("window_right", -1))
     by = {}
     for x in records:
         by.setdefault(key(x), {})[x["impl"]] = x
@@ -220,7 +230,7 @@ def main():
     cand = f" {'cand.':>8}" if args.candidate else ""
     print(f"{'dtype':>5} {'heads':>5} {'hdim':>7} {'seqlen':>6} {'causal':>6} | {'tileattn':>8}{cand} {'flash':>8} "
           f"{'cudnn':>8}{det} | TFLOP/s | {'vs flash':>8} {'vs best':>8}{' det/ours' if args.backward else ''}"
-          f"{' cand/ours' if args.candidate else ''}")
+          f"{' cand/ours' if args.candidate else ''}{' det c/o' if args.candidate and args.backward else ''}")
     for k in sorted(by):
         row = by[k]
         t = row.get("tileattn", {}).get("ms")
@@ -237,7 +247,11 @@ def main():
         cm = row.get("tileattn-candidate", {}).get("ms")
         cand = f" {tf('tileattn-candidate')}" if args.candidate else ""
         cand_vs = (f" {t / cm:9.3f}" if t and cm else f" {'-':>9}") if args.candidate else ""
-        print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {str(k[6]):>6} | {tf('tileattn')}{cand} "
+        dcm = row.get("tileattn-deterministic-candidate", {}).get("ms")
+        if args.candidate and args.backward:
+            cand_vs += f" {dm / dcm:8.3f}" if dm and dcm else f" {'-':>8}"
+        mask = str(k[6]) if k[7] < 0 and k[8] < 0 else f"w{k[7]},{k[8]}"
+        print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {mask:>6} | {tf('tileattn')}{cand} "
               f"{tf('torch-flash')} {tf('torch-cudnn')}{det} |         | {vs_flash} {vs_best}{det_vs}{cand_vs}")
 
 

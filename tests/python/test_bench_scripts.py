@@ -112,7 +112,36 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
     order = calls.read_text().split()
     assert order == ["base", "base", "cand", "cand", "cand", "cand", "base", "base"] * 2
     table = capsys.readouterr().out
-    assert "cand/ours" in table and "2.000" in table
+    assert "cand/ours" in table and "2.000" in table and "det c/o" in table
+
+
+def test_gpu_bench_window_rows_pass_the_window_and_time_no_peer(tmp_path, monkeypatch):
+    """The "window" section's rows reach the timing program with their window and leave the SDPA
+    peers out (SDPA takes no window)."""
+    sys.path.insert(0, BENCH)
+    try:
+        import gpu_bench
+    finally:
+        sys.path.remove(BENCH)
+    specs = tmp_path / "specs.txt"
+    p = tmp_path / "base"
+    p.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(specs)!r}, 'a').write(sys.argv[-1] + '\\n')\n"
+                 "row = sys.argv[-1].split(':')\n"
+                 "print(json.dumps({'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 32, 'heads_kv': 8, 'hdim': 128, "
+                 "'hdim_v': 128, 'seqlen_q': int(row[1]), 'causal': False, 'window_left': int(row[7]), "
+                 "'window_right': int(row[8]), 'ms': 1.0, 'tflops': 1.0}))\n")
+    p.chmod(0o755)
+    peers = []
+    monkeypatch.setattr(gpu_bench, "peer_rows", lambda *a: peers.append(a) or [])
+    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
+    out = tmp_path / "fwd.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", str(p), "--out", str(out), "--sections", "window",
+                                      "--commit", "base123"])
+    gpu_bench.main()
+    assert specs.read_text().split() == ["8:2048:32:128:0:8:128:1024:0", "2:8192:32:128:0:8:128:1024:0"]
+    assert not peers
+    assert all(r["window_left"] == 1024 for r in json.loads(out.read_text())["rows"])
 
 
 def test_bwd_schedule_model():
