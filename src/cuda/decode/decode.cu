@@ -20,11 +20,10 @@ namespace {
 
 using decoding::AppendParams;
 using decoding::CombineParams;
+using decoding::Kernel;
 using decoding::Params;
 
 constexpr int kMinKeysPerSplit = 256;
-
-using decoding::Kernel;
 
 struct DecodeInstance {
   DType dtype;
@@ -40,7 +39,7 @@ constexpr DecodeInstance kInstances[] = {
 
 const DecodeInstance* find_instance(DType dtype, int hdim) { return smallest_instance(kInstances, dtype, hdim); }
 
-// check_decode has made sure an instance exists.
+// Validation has made sure an instance exists (check_decode_head_dim).
 Kernel select_kernel(const Problem& p) {
   const int rows = p.seqlen_q * p.group();
   const bool per_key = p.paged && p.page_size % decoding::kTileKeys != 0;  // a tile may span pages
