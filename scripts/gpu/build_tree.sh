@@ -9,8 +9,12 @@ build_tree() {
   shift 4
   mkdir -p "$build"
   python3 "$ROOT/scripts/gpu/source_times.py" restore "$src" "$build/source-times.txt" >"$log"
+  # A call's configuration is its arguments alone: the options a call narrows are cleared from the
+  # folder's cache first (-U), so that a call without them builds the defaults, not an earlier
+  # call's narrow set.
   # shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTILEATTN_CUDA=ON -DTILEATTN_CUDA_RESOURCE_USAGE=ON \
+    -U TILEATTN_CUDA_DTYPES -U TILEATTN_CUDA_HDIMS -U TILEATTN_TESTS -U CMAKE_CUDA_ARCHITECTURES \
     $CMAKE_ARGS >>"$log" 2>&1
   cmake --build "$build" -j "$(nproc)" "$@" >>"$log" 2>&1 || { tail -n 60 "$log"; return 1; }
   python3 "$ROOT/scripts/gpu/source_times.py" save "$src" "$build/source-times.txt"
