@@ -5,7 +5,7 @@ the same inputs' layout. A peer's backward is timed as torch.autograd.grad of it
 output; FLOPs of the backward are 2.5x the forward's.
 
     gpu_bench.py --bench BUILD/src/cuda/tileattn_gpu_bench --out OUT.json [--commit SHA] [--quick] [--backward]
-                 [--sections mha,gqa,dv,fp16,small,window] [--hdims 64,128]
+                 [--sections mha,gqa,dv,fp16,small,window,varlen] [--hdims 64,128]
 
 Sections: "mha" the DESIGN.md grid (bf16, 16k tokens, width 2048, head dims 64/128/256); "gqa"
 grouped-query rows (32 query heads on 8 and on 4 KV heads, head dims 64 and 128); "dv" head dim
@@ -14,8 +14,12 @@ grouped-query rows at a fixed small batch instead of 16k tokens (batch 2 with 8 
 heads at head dim 64, as a small Llama-style model trains; batch 1 with 32 on 8 at head dim 128);
 "window" a sliding window of 1024 keys to the left (right bound 0, as Mistral-style models attend)
 at 32 query heads on 8 KV heads, head dim 128, 2k and 8k tokens (SDPA takes no window: tileattn
-alone, and its candidate). Every other section has seqlen 512, 2k, 8k, 16k (512 and 2k with
---quick), causal off and on. Grouped peers run with
+alone, and its candidate); "varlen" packed sequences of mixed lengths (128 to 4k, 16k tokens in all,
+the same draw every run) at 16 heads and head dim 128, causal off and on: tileattn on cu_seqlens,
+the peers on PyTorch's jagged nested tensors where their backend takes them, else on the batch
+padded to the longest sequence (the record says "padded"); TFLOP/s count the sequences' own pairs.
+Every other section has seqlen 512, 2k, 8k, 16k (512 and 2k with --quick), causal off and on.
+Grouped peers run with
 enable_gqa=True; a peer that refuses it is timed on K and V expanded inside its graph (the record
 says "kv_expanded").
 
@@ -49,8 +53,19 @@ SEQLENS = (512, 2048, 8192, 16384)
 SETS = 3  # input sets rotated between calls so that L2 never holds a call's inputs
 
 
-SECTIONS = ("mha", "gqa", "dv", "fp16", "small", "window")
+SECTIONS = ("mha", "gqa", "dv", "fp16", "small", "window", "varlen")
 WINDOW_LEFT = 1024
+
+
+def varlen_lens(seed=0, lo=128, hi=4096):
+    """Sequence lengths in [lo, hi] (the last may run past hi by less than lo) summing to TOKENS."""
+    import random
+    rng, lens = random.Random(seed), []
+    while sum(lens) < TOKENS:
+        lens.append(min(rng.randint(lo, hi), TOKENS - sum(lens)))
+    if len(lens) > 1 and lens[-1] < lo:
+        lens[-2] += lens.pop()
+    return lens
 
 
 def grid(quick, sections, hdims=None):
@@ -77,10 +92,16 @@ def grid(quick, sections, hdims=None):
         for s in (2048, 8192):
             yield dict(dtype="bf16", batch=TOKENS // s, seqlen=s, heads=32, heads_kv=8, hdim=128, hdim_v=128,
                        causal=False, window=(WINDOW_LEFT, 0))
+    if "varlen" in sections and (not hdims or 128 in hdims):
+        lens = varlen_lens()
+        for causal in (False, True):
+            yield dict(dtype="bf16", batch=len(lens), seqlen=max(lens), heads=16, heads_kv=16, hdim=128, hdim_v=128,
+                       causal=causal, window=None, lens=lens)
 
 
 def flops(r, backward):
-    fwd = 2.0 * r["batch"] * r["heads"] * r["seqlen"] ** 2 * (r["hdim"] + r["hdim_v"]) * (0.5 if r["causal"] else 1.0)
+    squares = sum(n * n for n in r["lens"]) if r.get("lens") else r["batch"] * r["seqlen"] ** 2
+    fwd = 2.0 * r["heads"] * squares * (r["hdim"] + r["hdim_v"]) * (0.5 if r["causal"] else 1.0)
     return 2.5 * fwd if backward else fwd
 
 
@@ -102,21 +123,33 @@ def time_ms(fn, iters):
 def peer_rows(r, iters, backward):
     b, s, hq, hkv = r["batch"], r["seqlen"], r["heads"], r["heads_kv"]
     dtype = torch.float16 if r["dtype"] == "f16" else torch.bfloat16
-    # BSHD storage, as tileattn reads it, seen as SDPA's BHSD.
-    shapes = [(b, s, hq, r["hdim"]), (b, s, hkv, r["hdim"]), (b, s, hkv, r["hdim_v"]), (b, s, hq, r["hdim_v"])]
-    sets = [[torch.randn(sh, device="cuda", dtype=dtype).transpose(1, 2).requires_grad_(backward) for sh in shapes]
-            for _ in range(SETS)]
-    grouped = hkv != hq
+    grouped, lens = hkv != hq, r.get("lens")
+
+    def make_sets(form):
+        # BSHD storage, as tileattn reads it, seen as SDPA's BHSD; varlen: jagged nested tensors of
+        # the sequences' own lengths, or the batch padded to the longest.
+        dims = [(hq, r["hdim"]), (hkv, r["hdim"]), (hkv, r["hdim_v"]), (hq, r["hdim_v"])]
+        if form == "jagged":
+            make = lambda h, d: torch.nested.nested_tensor(
+                [torch.randn(n, h, d, device="cuda", dtype=dtype) for n in lens], layout=torch.jagged)
+        else:
+            make = lambda h, d: torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+        return [[make(h, d).transpose(1, 2).requires_grad_(backward) for h, d in dims] for _ in range(SETS)]
+
+    # Each peer takes its first form that runs: grouped rows with enable_gqa, else K and V expanded
+    # inside the graph (so that the backward sums the group's gradients too); varlen rows jagged,
+    # else padded.
+    forms = ("jagged", "padded") if lens else ("gqa", "expanded") if grouped else ("plain",)
     out = []
     for impl, backend in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
-        for expand in ((False, True) if grouped else (False,)):
+        for form in forms:
             def attend(q, k, v):
-                if expand:  # inside the graph, so that the backward sums the group's gradients too
+                if form == "expanded":
                     k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
-                return F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"],
-                                                      enable_gqa=grouped and not expand)
-            outs = []
+                return F.scaled_dot_product_attention(q, k, v, is_causal=r["causal"], enable_gqa=form == "gqa")
+            outs, sets = [], []
             try:
+                sets = make_sets(form)
                 if backward:
                     with sdpa_kernel(backend):
                         outs = [attend(q, k, v) for q, k, v, _ in sets]
@@ -129,17 +162,19 @@ def peer_rows(r, iters, backward):
                     with sdpa_kernel(backend):
                         attend(q, k, v)
                 ms = time_ms(call, iters)
-            except RuntimeError as e:  # a backend that refuses the shape
-                print(f"{impl}{' (K/V expanded)' if expand else ''} failed on {r}: {str(e)[:200]}", file=sys.stderr)
+            except Exception as e:  # a backend that refuses the shape or the form
+                print(f"{impl} ({form}) failed on {r}: {str(e)[:200]}", file=sys.stderr)
                 continue
+            finally:
+                del outs, sets
+                torch.cuda.empty_cache()
             rec = record(r, impl, ms, backward)
-            if expand:
+            if form == "expanded":
                 rec["kv_expanded"] = True
+            if lens:
+                rec["padded"] = form == "padded"
             out.append(rec)
             break
-        del outs
-    del sets
-    torch.cuda.empty_cache()
     return out
 
 
@@ -147,7 +182,8 @@ def record(r, impl, ms, backward):
     return {"grid": "bwd" if backward else "fwd", "impl": impl, "dtype": r["dtype"], "batch": r["batch"],
             "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"], "heads_kv": r["heads_kv"],
             "hdim": r["hdim"], "hdim_v": r["hdim_v"], "causal": r["causal"], "page_size": None, "ms": round(ms, 5),
-            "tflops": round(flops(r, backward) / (ms * 1e-3) / 1e12, 2), "tbps": None}
+            "tflops": round(flops(r, backward) / (ms * 1e-3) / 1e12, 2), "tbps": None,
+            **({"varlen": True, "lens": r["lens"], "tokens": sum(r["lens"])} if r.get("lens") else {})}
 
 
 def ceilings():
@@ -181,7 +217,8 @@ def main():
 
     hdims = {int(d) for d in args.hdims.split(",") if d}
     rows = list(grid(args.quick, sections, hdims))
-    specs = [f"{r['batch']}:{r['seqlen']}:{r['heads']}:{r['hdim']}:{int(r['causal'])}:{r['heads_kv']}:{r['hdim_v']}"
+    specs = [("v" + ",".join(map(str, r["lens"])) if r.get("lens") else f"{r['batch']}:{r['seqlen']}")
+             + f":{r['heads']}:{r['hdim']}:{int(r['causal'])}:{r['heads_kv']}:{r['hdim_v']}"
              + (f":{r['window'][0]}:{r['window'][1]}" if r["window"] else "") for r in rows]
     # Ours and the peers row by row, each row's implementations one after the other, so that all of
     # them meet the GPU in the same state (clocks, temperature) rather than ours first for the grid.
@@ -217,7 +254,7 @@ def main():
     write(True)
 
     key = lambda x: (x["dtype"], x["heads_q"], x["heads_kv"], x["hdim"], x.get("hdim_v", x["hdim"]), x["seqlen_q"],
-                     x["causal"], x.get("window_left", -1), x.get("window_right", -1))
+                     x["causal"], x.get("window_left", -1), x.get("window_right", -1), x.get("varlen", False))
     by = {}
     for x in records:
         by.setdefault(key(x), {})[x["impl"]] = x
@@ -251,6 +288,8 @@ def main():
         if args.candidate and args.backward:
             cand_vs += f" {dm / dcm:8.3f}" if dm and dcm else f" {'-':>8}"
         mask = str(k[6]) if k[7] < 0 and k[8] < 0 else f"w{k[7]},{k[8]}"
+        if k[9]:  # varlen: the longest sequence in the seqlen column
+            mask = f"v {mask}"
         print(f"{k[0]:>5} {f'{k[1]}/{k[2]}':>5} {hd:>7} {k[5]:>6} {mask:>6} | {tf('tileattn')}{cand} "
               f"{tf('torch-flash')} {tf('torch-cudnn')}{det} |         | {vs_flash} {vs_best}{det_vs}{cand_vs}")
 

@@ -158,3 +158,39 @@ def test_bwd_det_model():
     for time, ideal, speedup in rows:
         assert int(time) >= float(ideal) > 0 and float(speedup) > 0, lines  # no schedule beats all SMs busy
     assert float(rows[0][2]) == 1.0 and float(rows[1][2]) > 1.0, lines  # splitting a group of 8 shortens the tail
+
+
+def test_gpu_bench_varlen_rows_pack_mixed_lengths(tmp_path, monkeypatch):
+    """The "varlen" section's rows: lengths between 128 and 4k (the last may pass 4k by less than
+    128) summing to 16k tokens, the same every run; the timing program gets them as a "v" row and
+    the peers the row's lengths."""
+    sys.path.insert(0, BENCH)
+    try:
+        import gpu_bench
+    finally:
+        sys.path.remove(BENCH)
+    lens = gpu_bench.varlen_lens()
+    assert lens == gpu_bench.varlen_lens() and sum(lens) == gpu_bench.TOKENS
+    assert all(128 <= n < 4096 + 128 for n in lens) and len(set(lens)) > 1
+    specs = tmp_path / "specs.txt"
+    p = tmp_path / "base"
+    p.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(specs)!r}, 'a').write(sys.argv[-1] + '\\n')\n"
+                 "row = sys.argv[-1].split(':')\n"
+                 "print(json.dumps({'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 16, 'heads_kv': 16, 'hdim': 128, "
+                 "'hdim_v': 128, 'seqlen_q': 4096, 'causal': row[3] == '1', 'varlen': True, 'ms': 1.0, "
+                 "'tflops': 1.0}))\n")
+    p.chmod(0o755)
+    peers = []
+    monkeypatch.setattr(gpu_bench, "peer_rows", lambda r, *a: peers.append(r) or [])
+    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
+    out = tmp_path / "fwd.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", str(p), "--out", str(out), "--sections", "varlen",
+                                      "--commit", "base123"])
+    gpu_bench.main()
+    want = "v" + ",".join(map(str, lens))
+    assert specs.read_text().split() == [want + ":16:128:0:16:128", want + ":16:128:1:16:128"]
+    assert [r["lens"] for r in peers] == [lens, lens]
+    r = dict(peers[0], causal=False)
+    assert gpu_bench.flops(r, False) == 2.0 * 16 * sum(n * n for n in lens) * 256
+    assert gpu_bench.record(r, "torch-flash", 1.0, False)["tokens"] == gpu_bench.TOKENS
