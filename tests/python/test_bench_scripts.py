@@ -74,15 +74,34 @@ def test_ncu_stalls_reads_a_source_page(tmp_path):
     assert "BAR.SYNC" in out and "HGMMA" not in out.split("top 1 instructions:")[1]
 
 
-def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, capsys):
-    """bench/gpu_bench.py's row loop with stand-in timing programs and no peers: the candidate build's
-    records carry their own impl names, the two builds swap order every row, and the table shows the
-    candidate's ratio."""
+def _gpu_bench_with_stand_ins(monkeypatch, peers):
+    """bench/gpu_bench.py with no GPU: fixed ceilings and device name, and the peers' rows recorded
+    in `peers` instead of timed."""
     sys.path.insert(0, BENCH)
     try:
         import gpu_bench
     finally:
         sys.path.remove(BENCH)
+    monkeypatch.setattr(gpu_bench, "peer_rows", lambda r, *a: peers.append(r) or [])
+    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
+    return gpu_bench
+
+
+def _spec_logging_program(path, specs, record):
+    """A stand-in timing program: appends its row spec to `specs` and prints `record`, a Python
+    expression over `row` (the spec split at ':')."""
+    path.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(specs)!r}, 'a').write(sys.argv[-1] + '\\n')\n"
+                    f"row = sys.argv[-1].split(':')\nprint(json.dumps({record}))\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, capsys):
+    """bench/gpu_bench.py's row loop with stand-in timing programs and no peers: the candidate build's
+    records carry their own impl names, the two builds swap order every row, and the table shows the
+    candidate's ratio."""
+    gpu_bench = _gpu_bench_with_stand_ins(monkeypatch, [])
     calls = tmp_path / "calls.txt"
     programs = []
     for name, ms in (("base", 2.0), ("cand", 1.0)):
@@ -95,9 +114,6 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
                      "'tflops': 1.0}))\n")
         p.chmod(0o755)
         programs.append(str(p))
-    monkeypatch.setattr(gpu_bench, "peer_rows", lambda *a: [])
-    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
-    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
     out = tmp_path / "bwd.json"
     monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", programs[0], "--candidate", programs[1],
                                       "--candidate-commit", "abc1234", "--out", str(out), "--backward", "--quick",
@@ -118,30 +134,47 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
 def test_gpu_bench_window_rows_pass_the_window_and_time_no_peer(tmp_path, monkeypatch):
     """The "window" section's rows reach the timing program with their window and leave the SDPA
     peers out (SDPA takes no window)."""
-    sys.path.insert(0, BENCH)
-    try:
-        import gpu_bench
-    finally:
-        sys.path.remove(BENCH)
-    specs = tmp_path / "specs.txt"
-    p = tmp_path / "base"
-    p.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(specs)!r}, 'a').write(sys.argv[-1] + '\\n')\n"
-                 "row = sys.argv[-1].split(':')\n"
-                 "print(json.dumps({'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 32, 'heads_kv': 8, 'hdim': 128, "
-                 "'hdim_v': 128, 'seqlen_q': int(row[1]), 'causal': False, 'window_left': int(row[7]), "
-                 "'window_right': int(row[8]), 'ms': 1.0, 'tflops': 1.0}))\n")
-    p.chmod(0o755)
     peers = []
-    monkeypatch.setattr(gpu_bench, "peer_rows", lambda *a: peers.append(a) or [])
-    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
-    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
+    gpu_bench = _gpu_bench_with_stand_ins(monkeypatch, peers)
+    specs = tmp_path / "specs.txt"
+    program = _spec_logging_program(
+        tmp_path / "base", specs,
+        "{'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 32, 'heads_kv': 8, 'hdim': 128, 'hdim_v': 128, "
+        "'seqlen_q': int(row[1]), 'causal': False, 'window_left': int(row[7]), 'window_right': int(row[8]), "
+        "'ms': 1.0, 'tflops': 1.0}")
     out = tmp_path / "fwd.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", str(p), "--out", str(out), "--sections", "window",
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", program, "--out", str(out), "--sections", "window",
                                       "--commit", "base123"])
     gpu_bench.main()
     assert specs.read_text().split() == ["8:2048:32:128:0:8:128:1024:0", "2:8192:32:128:0:8:128:1024:0"]
     assert not peers
     assert all(r["window_left"] == 1024 for r in json.loads(out.read_text())["rows"])
+
+
+def test_gpu_bench_varlen_rows_pack_mixed_lengths(tmp_path, monkeypatch):
+    """The "varlen" section's rows: lengths between 128 and 4k (the last may pass 4k by less than
+    128) summing to 16k tokens, the same every run; the timing program gets them as a "v" row and
+    the peers the row's lengths."""
+    peers = []
+    gpu_bench = _gpu_bench_with_stand_ins(monkeypatch, peers)
+    lens = gpu_bench.varlen_lens()
+    assert lens == gpu_bench.varlen_lens() and sum(lens) == gpu_bench.TOKENS
+    assert all(128 <= n < 4096 + 128 for n in lens) and len(set(lens)) > 1
+    specs = tmp_path / "specs.txt"
+    program = _spec_logging_program(
+        tmp_path / "base", specs,
+        "{'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 16, 'heads_kv': 16, 'hdim': 128, 'hdim_v': 128, "
+        "'seqlen_q': 4096, 'causal': row[3] == '1', 'varlen': True, 'ms': 1.0, 'tflops': 1.0}")
+    out = tmp_path / "fwd.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", program, "--out", str(out), "--sections", "varlen",
+                                      "--commit", "base123"])
+    gpu_bench.main()
+    want = "v" + ",".join(map(str, lens))
+    assert specs.read_text().split() == [want + ":16:128:0:16:128", want + ":16:128:1:16:128"]
+    assert [r["lens"] for r in peers] == [lens, lens]
+    r = dict(peers[0], causal=False)
+    assert gpu_bench.flops(r, False) == 2.0 * 16 * sum(n * n for n in lens) * 256
+    assert gpu_bench.record(r, "torch-flash", 1.0, False)["tokens"] == gpu_bench.TOKENS
 
 
 def test_bwd_schedule_model():
@@ -158,39 +191,3 @@ def test_bwd_det_model():
     for time, ideal, speedup in rows:
         assert int(time) >= float(ideal) > 0 and float(speedup) > 0, lines  # no schedule beats all SMs busy
     assert float(rows[0][2]) == 1.0 and float(rows[1][2]) > 1.0, lines  # splitting a group of 8 shortens the tail
-
-
-def test_gpu_bench_varlen_rows_pack_mixed_lengths(tmp_path, monkeypatch):
-    """The "varlen" section's rows: lengths between 128 and 4k (the last may pass 4k by less than
-    128) summing to 16k tokens, the same every run; the timing program gets them as a "v" row and
-    the peers the row's lengths."""
-    sys.path.insert(0, BENCH)
-    try:
-        import gpu_bench
-    finally:
-        sys.path.remove(BENCH)
-    lens = gpu_bench.varlen_lens()
-    assert lens == gpu_bench.varlen_lens() and sum(lens) == gpu_bench.TOKENS
-    assert all(128 <= n < 4096 + 128 for n in lens) and len(set(lens)) > 1
-    specs = tmp_path / "specs.txt"
-    p = tmp_path / "base"
-    p.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(specs)!r}, 'a').write(sys.argv[-1] + '\\n')\n"
-                 "row = sys.argv[-1].split(':')\n"
-                 "print(json.dumps({'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 16, 'heads_kv': 16, 'hdim': 128, "
-                 "'hdim_v': 128, 'seqlen_q': 4096, 'causal': row[3] == '1', 'varlen': True, 'ms': 1.0, "
-                 "'tflops': 1.0}))\n")
-    p.chmod(0o755)
-    peers = []
-    monkeypatch.setattr(gpu_bench, "peer_rows", lambda r, *a: peers.append(r) or [])
-    monkeypatch.setattr(gpu_bench, "ceilings", lambda: {})
-    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda: "stand-in")
-    out = tmp_path / "fwd.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", str(p), "--out", str(out), "--sections", "varlen",
-                                      "--commit", "base123"])
-    gpu_bench.main()
-    want = "v" + ",".join(map(str, lens))
-    assert specs.read_text().split() == [want + ":16:128:0:16:128", want + ":16:128:1:16:128"]
-    assert [r["lens"] for r in peers] == [lens, lens]
-    r = dict(peers[0], causal=False)
-    assert gpu_bench.flops(r, False) == 2.0 * 16 * sum(n * n for n in lens) * 256
-    assert gpu_bench.record(r, "torch-flash", 1.0, False)["tokens"] == gpu_bench.TOKENS
