@@ -68,12 +68,18 @@ std::int64_t rows_k_total(const Problem& p, const BackwardArgs& a) {
 // training a small model): the fewest parts that fill the SMs, up to one head per block, since
 // idle SMs cost more than the additions. The deterministic mode splits the same groups, its parts
 // adding in turn (BwdParams::dkv_turns); it launches each head's longest block last (bwd_block),
-// so there a long block sets the call's tail (bench/bwd_det_model.py).
+// so where the first key block walks the most rows (causal, a window bounded on the right only) a
+// long block sets the call's tail (bench/bwd_det_model.py), and the mode splits further there:
+// groups of 4 in two, groups of 8 in four. Under a sliding window the blocks walk about equally
+// far and the extra parts only added traffic (bench/notes/backward.md).
 int group_parts(const Problem& p, const BackwardArgs& a, const BwdInstance* in) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   if (!in || group < 2 || !in->runs_sm90(grid(p, a))) return 1;
-  const bool uneven = p.window_left >= 0 || p.window_right >= 0;
-  int parts = group >= 8 && group % 2 == 0 && uneven && p.seqlen_q >= 2048 ? 2 : 1;
+  const bool long_uneven = (p.window_left >= 0 || p.window_right >= 0) && p.seqlen_q >= 2048;
+  const bool det_tail = a.options.deterministic && p.window_right >= 0 && p.window_left < 0;
+  int parts = 1;
+  if (long_uneven && group % 2 == 0 && group >= (det_tail ? 4 : 8))
+    parts = det_tail && group >= 8 && group % 4 == 0 ? 4 : 2;
   const int tile = in->key_tile_sm90();
   const std::int64_t blocks = std::int64_t((p.seqlen_k + tile - 1) / tile) * p.batch * p.heads_kv;
   const int sms = device_sm_count();
