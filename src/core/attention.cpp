@@ -22,14 +22,6 @@ bool writes_nothing(const Problem&, const BackwardArgs& a) { return empty(a.dq) 
 bool writes_nothing(const Problem& p, const DecodeArgs& a) {
   return empty(a.out) && empty(a.lse) && (p.seqlen_new == 0 || p.batch == 0 || p.heads_kv == 0);
 }
-
-// The CUDA decode kernels take no prefix-LM yet (the forward and backward do).
-void reject_prefix_on_cuda(const char* fn, const Problem& p) {
-  if (p.backend != Backend::cuda) return;
-  if (p.prefix_lm())
-    throw Error(std::string("tileattn::") + fn +
-                ": prefix-LM (options.prefix_len) is not supported by the cuda backend's decode yet (CPU backends only)");
-}
 }  // namespace
 
 void forward(const ForwardArgs& a) {
@@ -54,7 +46,6 @@ void backward(const BackwardArgs& a) {
 
 void decode(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_prefix_on_cuda("decode", p);
   if (writes_nothing(p, a)) return;
   switch (p.backend) {
     case Backend::cpu_reference: return cpu::reference_decode(p, a);
@@ -86,7 +77,6 @@ std::size_t workspace_size(const BackwardArgs& a) {
 
 std::size_t workspace_size(const DecodeArgs& a) {
   const Problem p = validate(a);
-  reject_prefix_on_cuda("workspace_size", p);
   if (writes_nothing(p, a)) return 0;
   if (p.backend == Backend::cuda) TA_CUDA_CALL(workspace_size(p, a));
   return cpu::workspace_size(p, a);

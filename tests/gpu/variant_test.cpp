@@ -294,18 +294,24 @@ TEST_F(GpuVariant, SmallCasesOfEachVariant) {
   }
 }
 
-// Decoding with chunked-local attention, cached keys and appended rows against the oracle.
-TEST_F(GpuVariant, DecodeWithChunksMatchesOracle) {
+// Decoding with chunked-local attention or a prefix (every row also sees the cache's first keys)
+// against the oracle; prefixes from one key to past the longest sequence, under causal or a right
+// window.
+TEST_F(GpuVariant, DecodeWithChunksOrPrefixMatchesOracle) {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int it = 0; it < 12; ++it) {
     const DType dt = it % 2 ? DType::f16 : DType::bf16;
     const int batch = uni(1, 3), heads_kv = uni(1, 2), heads_q = heads_kv * uni(1, 4), d = it % 3 == 2 ? 256 : 128;
-    const int sq = uni(1, 4), capacity = uni(64, 1500), chunk = uni(1, 600);
-    const bool causal = uni(0, 1) == 1;
+    const int sq = uni(1, 4), capacity = uni(64, 1500);
+    const bool prefix_lm = it % 4 >= 2;  // else chunks
+    const int chunk = prefix_lm ? 0 : uni(1, 600), prefix = prefix_lm ? uni(1, capacity + 8) : 0;
+    const bool causal = prefix_lm ? uni(0, 2) > 0 : uni(0, 1) == 1;
+    const int window_right = prefix_lm && !causal ? uni(0, 40) : -1;
     SCOPED_TRACE("seed " + std::to_string(seed) + " it " + std::to_string(it) + ": sq " + std::to_string(sq) +
-                 " capacity " + std::to_string(capacity) + " chunk " + std::to_string(chunk) + " d " +
+                 " capacity " + std::to_string(capacity) + " chunk " + std::to_string(chunk) + " prefix " +
+                 std::to_string(prefix) + " window_right " + std::to_string(window_right) + " d " +
                  std::to_string(d) + (causal ? " causal" : ""));
     HostTensor q(dt, {batch, sq, heads_q, d}), kc(dt, {batch, capacity, heads_kv, d}), vc(dt, {batch, capacity, heads_kv, d});
     HostTensor out(dt, {batch, sq, heads_q, d}), lse(DType::f32, {batch, heads_q, sq});
@@ -325,7 +331,9 @@ TEST_F(GpuVariant, DecodeWithChunksMatchesOracle) {
       a.lse = lv;
       a.cache_seqlens = sv;
       a.options.causal = causal;
+      a.options.window_right = window_right;
       a.options.chunk_size = chunk;
+      a.options.prefix_len = prefix;
       return a;
     };
     DeviceTensor dq(q), dk(kc), dv(vc), dout(out), dlse(lse), dlens(seqlens);

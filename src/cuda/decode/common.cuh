@@ -44,6 +44,7 @@ struct Params {
   int window_left, window_right;
   bool bottom_right;
   int chunk;  // chunked-local attention; 0 = off
+  int prefix;  // prefix-LM: keys [0, prefix) visible to every row; 0 = off
 };
 
 // Keys of sequence b, from untrusted device metadata: clamped so no read leaves the cache.
@@ -60,6 +61,7 @@ __device__ __forceinline__ Variant decode_variant(const Params& p, int sk) {
   Variant v;
   v.mask = Mask(p.seqlen_q, sk, p.bottom_right, p.window_left, p.window_right);
   v.chunk = p.chunk;
+  v.prefix = p.prefix;
   return v;
 }
 

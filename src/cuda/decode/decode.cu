@@ -187,6 +187,7 @@ void run_decode(const Problem& p, const DecodeArgs& a, const Layout& w, char* ws
   prm.scale = p.scale, prm.softcap = p.softcap;
   prm.window_left = p.window_left, prm.window_right = p.window_right, prm.bottom_right = p.bottom_right;
   prm.chunk = p.chunk;
+  prm.prefix = p.prefix_len;
 
   const dim3 grid(w.groups, 1, w.splits);  // see decoding::block_at
   if (grid.x == 0) return;
