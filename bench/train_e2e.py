@@ -13,12 +13,16 @@ Attention implementations:
   torch-math    standard attention: Q K^T, softmax, P V, the N x N matrices in memory
   torch-sdpa    torch SDPA with its own backend choice (the CPU's peer)
 Each (model, seqlen, implementation) trains `--steps` AdamW steps on random tokens after `--warmup`
-steps, bf16 autocast on a GPU (fp32 on the CPU), `--tokens` tokens per step (batch = tokens / seqlen).
-Reported per row: step time (median), tokens/s, peak GPU memory, and the speedup over SDPA's default
-(cuDNN) per model and seqlen. A row that runs out of memory is recorded as such.
+steps, bf16 autocast on a GPU (fp32 on the CPU), `--tokens` tokens per step (batch = tokens / seqlen),
+in `--rounds` rounds (a fresh model each), the implementations in turn, every other round in reverse
+order: the ratios sought are within a few percent of 1, and a drift over one pass of the
+implementations (clocks, memory state) would otherwise favour whichever ran first.
+Reported per row: step time (median over every round's steps), tokens/s, peak GPU memory, and the
+speedup over SDPA's default (cuDNN) per model and seqlen. A row that runs out of memory is recorded
+as such.
 
 usage: train_e2e.py [--out FILE] [--models ...] [--seqlens 1024 2048 4096 8192] [--impls ...]
-                    [--tokens 16384] [--steps 10] [--warmup 3] [--tiny]
+                    [--tokens 16384] [--steps 10] [--warmup 3] [--rounds 2] [--tiny]
 --tiny: a 2-layer width-64 model, seqlen 64, two steps, on the CPU unless --device says otherwise;
 the smoke test of this script.
 """
@@ -178,9 +182,7 @@ def run_row(model_name, impl, seqlen, tokens, steps, warmup, device):
             if i >= warmup:
                 times.append(time.perf_counter() - t)
                 losses.append(float(loss.detach()))
-        step = statistics.median(times)
-        row.update(step_ms=round(step * 1e3, 3), tokens_per_s=round(batch * seqlen / step, 1),
-                   loss=round(losses[-1], 4), finite=all(math.isfinite(x) for x in losses),
+        row.update(times=times, loss=round(losses[-1], 4), finite=all(math.isfinite(x) for x in losses),
                    peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3) if device == "cuda" else None)
     except torch.cuda.OutOfMemoryError:
         row.update(step_ms=None, tokens_per_s=None, peak_gib=None, error="out of memory")
@@ -190,6 +192,22 @@ def run_row(model_name, impl, seqlen, tokens, steps, warmup, device):
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
+    return row
+
+
+def merge_rounds(runs):
+    """One row from an implementation's rounds: the median step over every round's steps."""
+    row = dict(runs[0])
+    failed = next((r for r in runs if "error" in r), None)
+    if failed:
+        return dict(failed, rounds=len(runs))
+    times = [t for r in runs for t in r["times"]]
+    step = statistics.median(times)
+    del row["times"]
+    row.update(step_ms=round(step * 1e3, 3), tokens_per_s=round(row["batch"] * row["seqlen"] / step, 1),
+               finite=all(r["finite"] for r in runs), rounds=len(runs))
+    if row["peak_gib"] is not None:
+        row["peak_gib"] = max(r["peak_gib"] for r in runs)
     return row
 
 
@@ -203,10 +221,11 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args(argv)
     if a.tiny:
-        a.models, a.seqlens, a.tokens, a.steps, a.warmup = ["tiny"], [64], 128, 2, 1
+        a.models, a.seqlens, a.tokens, a.steps, a.warmup, a.rounds = ["tiny"], [64], 128, 2, 1, 2
         if a.device == "cuda" and not torch.cuda.is_available():
             a.device = "cpu"
     if a.impls is None:
@@ -217,7 +236,11 @@ def main(argv=None):
     print(f"{'model':10} {'seqlen':>6} {'impl':12} {'step ms':>9} {'tok/s':>10} {'peak GiB':>9} {'vs ' + peer:>10}")
     for m in a.models:
         for s in a.seqlens:
-            group = [run_row(m, impl, s, a.tokens, a.steps, a.warmup, a.device) for impl in a.impls]
+            runs = {impl: [] for impl in a.impls}
+            for rnd in range(a.rounds):  # every other round in reverse, so that no implementation runs first always
+                for impl in a.impls if rnd % 2 == 0 else a.impls[::-1]:
+                    runs[impl].append(run_row(m, impl, s, a.tokens, a.steps, a.warmup, a.device))
+            group = [merge_rounds(runs[impl]) for impl in a.impls]
             base = next((r for r in group if r["impl"] == peer), None)
             for r in group:
                 if base and base.get("step_ms") and r.get("step_ms"):
