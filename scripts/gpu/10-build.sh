@@ -6,7 +6,7 @@
 set -euo pipefail
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt" || true
 . "$ROOT/scripts/gpu/build_tree.sh"
-build_tree "$ROOT" "$BUILD" "$OUT/build.log" spills
+build_tree "$ROOT" "$BUILD" "$OUT/build.log" build
 # The register, spill and shared-memory report, one line per kernel this build compiled.
 grep -A2 "Compiling entry function" "$OUT/build.log" | grep -E "entry function|spill|registers" \
   | sed -E 's/.*entry function .(_Z[^ ]*). for .(sm_[0-9a]+).*/\2 \1/' >"$OUT/resources.txt" || true

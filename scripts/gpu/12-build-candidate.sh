@@ -20,5 +20,5 @@ git -C "$src" init -q && git -C "$src" apply "$patch_file"
 echo "candidate: $TILEATTN_CANDIDATE ($(grep -c '^diff --git' "$patch_file") files) ${TILEATTN_CANDIDATE_COMMIT:-}" \
   | tee -a "$OUT/summary.txt"
 . "$ROOT/scripts/gpu/build_tree.sh"
-build_tree "$src" "$BUILD-candidate" "$OUT/build-candidate.log" "candidate spills" --target tileattn_gpu_bench
+build_tree "$src" "$BUILD-candidate" "$OUT/build-candidate.log" candidate --target tileattn_gpu_bench
 sha256sum <"$patch_file" >"$stamp"

@@ -1,9 +1,23 @@
 # Sourced by the build steps (not a step itself: no number in its name).
 # build_tree SRC BUILDDIR LOG LABEL [cmake --build arguments...]: configures SRC into BUILDDIR with the
 # CUDA backend on and CMAKE_ARGS, builds (all cores; the arguments may name targets), writes the log
-# to LOG and adds the kernels' nonzero spill counts to the summary as "LABEL: ..." (of the kernels
-# this build compiled: where BUILDDIR holds an earlier build, only what changed since compiles, even in
-# a fresh copy of the tree, whose files source_times.py gives their times back).
+# to LOG and adds to the summary what ptxas said of the kernels this build compiled (kernel_report;
+# where BUILDDIR holds an earlier build, only what changed since compiles, even in a fresh copy of
+# the tree, whose files source_times.py gives their times back).
+
+# kernel_report LOG LABEL: the nonzero spill counts ("LABEL spills: ...") and the kernels whose wgmma
+# products ptxas serialized ("LABEL: wgmma serialized (C7514): KERNEL"). A serialized kernel runs and
+# passes its tests; only its speed shows it, and which C++ triggers it is fragile (the same source
+# was serialized in one build configuration and not in another: bench/notes/backward.md).
+kernel_report() {
+  local log=$1 label=$2
+  grep -B1 -A0 "spill stores" "$log" | grep -v "0 bytes spill stores" | grep spill \
+    | sed "s/^ */$label spills: /" | sort | uniq -c | head -n 20 | tee -a "$OUT/summary.txt" || true
+  grep -o "(C7514).*function '[^']*'" "$log" | sed "s/.*function '\(.*\)'/\1/" | sort -u \
+    | { c++filt 2>/dev/null || cat; } | sed -e "s/(.*//" -e "s/^/$label: wgmma serialized (C7514): /" \
+    | tee -a "$OUT/summary.txt" || true
+}
+
 build_tree() {
   local src=$1 build=$2 log=$3 label=$4
   shift 4
@@ -18,6 +32,5 @@ build_tree() {
     $CMAKE_ARGS >>"$log" 2>&1
   cmake --build "$build" -j "$(nproc)" "$@" >>"$log" 2>&1 || { tail -n 60 "$log"; return 1; }
   python3 "$ROOT/scripts/gpu/source_times.py" save "$src" "$build/source-times.txt"
-  grep -B1 -A0 "spill stores" "$log" | grep -v "0 bytes spill stores" | grep spill \
-    | sed "s/^ */$label: /" | sort | uniq -c | head -n 20 | tee -a "$OUT/summary.txt" || true
+  kernel_report "$log" "$label"
 }
