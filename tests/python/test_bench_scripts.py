@@ -97,6 +97,13 @@ def _spec_logging_program(path, specs, record):
     return str(path)
 
 
+def _run_gpu_bench(monkeypatch, gpu_bench, out, *args):
+    """bench/gpu_bench.py's main with `args`, its record written to `out` (commit "base123"); the record."""
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", *args, "--out", str(out), "--commit", "base123"])
+    gpu_bench.main()
+    return json.loads(out.read_text())
+
+
 def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, capsys):
     """bench/gpu_bench.py's row loop with stand-in timing programs and no peers: the candidate build's
     records carry their own impl names, the two builds swap order every row, and the table shows the
@@ -114,12 +121,9 @@ def test_gpu_bench_times_a_candidate_build_beside_ours(tmp_path, monkeypatch, ca
                      "'tflops': 1.0}))\n")
         p.chmod(0o755)
         programs.append(str(p))
-    out = tmp_path / "bwd.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", programs[0], "--candidate", programs[1],
-                                      "--candidate-commit", "abc1234", "--out", str(out), "--backward", "--quick",
-                                      "--sections", "mha", "--hdims", "128", "--commit", "base123"])
-    gpu_bench.main()
-    record = json.loads(out.read_text())
+    record = _run_gpu_bench(monkeypatch, gpu_bench, tmp_path / "bwd.json", "--bench", programs[0],
+                            "--candidate", programs[1], "--candidate-commit", "abc1234", "--backward", "--quick",
+                            "--sections", "mha", "--hdims", "128")
     assert record["commit"] == "base123" and record["candidate_commit"] == "abc1234" and record["complete"]
     impls = [r["impl"] for r in record["rows"]]
     assert impls.count("tileattn") == impls.count("tileattn-candidate") == 4
@@ -142,13 +146,10 @@ def test_gpu_bench_window_rows_pass_the_window_and_time_no_peer(tmp_path, monkey
         "{'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 32, 'heads_kv': 8, 'hdim': 128, 'hdim_v': 128, "
         "'seqlen_q': int(row[1]), 'causal': False, 'window_left': int(row[7]), 'window_right': int(row[8]), "
         "'ms': 1.0, 'tflops': 1.0}")
-    out = tmp_path / "fwd.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", program, "--out", str(out), "--sections", "window",
-                                      "--commit", "base123"])
-    gpu_bench.main()
+    record = _run_gpu_bench(monkeypatch, gpu_bench, tmp_path / "fwd.json", "--bench", program, "--sections", "window")
     assert specs.read_text().split() == ["8:2048:32:128:0:8:128:1024:0", "2:8192:32:128:0:8:128:1024:0"]
     assert not peers
-    assert all(r["window_left"] == 1024 for r in json.loads(out.read_text())["rows"])
+    assert all(r["window_left"] == 1024 for r in record["rows"])
 
 
 def test_gpu_bench_varlen_rows_pack_mixed_lengths(tmp_path, monkeypatch):
@@ -165,10 +166,7 @@ def test_gpu_bench_varlen_rows_pack_mixed_lengths(tmp_path, monkeypatch):
         tmp_path / "base", specs,
         "{'impl': 'tileattn', 'dtype': 'bf16', 'heads_q': 16, 'heads_kv': 16, 'hdim': 128, 'hdim_v': 128, "
         "'seqlen_q': 4096, 'causal': row[3] == '1', 'varlen': True, 'ms': 1.0, 'tflops': 1.0}")
-    out = tmp_path / "fwd.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--bench", program, "--out", str(out), "--sections", "varlen",
-                                      "--commit", "base123"])
-    gpu_bench.main()
+    _run_gpu_bench(monkeypatch, gpu_bench, tmp_path / "fwd.json", "--bench", program, "--sections", "varlen")
     want = "v" + ",".join(map(str, lens))
     assert specs.read_text().split() == [want + ":16:128:0:16:128", want + ":16:128:1:16:128"]
     assert [r["lens"] for r in peers] == [lens, lens]
