@@ -128,6 +128,15 @@ struct Variant {
     }
     return e < 0 ? 0 : e;
   }
+  // Rows of [0, seqlen_q) whose range holds key j (0 <= j < seqlen_k): [query_begin(j),
+  // query_end(j)), possibly empty. Exact for one key (each rule's rows are an interval, and so is
+  // their intersection) but for the element tests and the CPU's document runs; the backward's
+  // per-key bound, as key_begin / key_end are the forward's per-row one.
+  TA_HD int query_begin(int j) const { return row_begin(j); }
+  TA_HD int query_end(int j) const {
+    const int e = row_end(j + 1);
+    return e < mask.seqlen_q ? e : mask.seqlen_q;
+  }
 
   // Rows [i0, i1) (non-empty) against keys [j0, j1): from the end rows' ranges, since the ends
   // never decrease with the row. Exact for causal and window; under chunks or sorted document ids

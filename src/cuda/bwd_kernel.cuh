@@ -26,6 +26,7 @@
 #include "cuda/bwd_params.hpp"
 #include "cuda/cute_utils.cuh"
 #include "cuda/key_tiles.cuh"
+#include "cuda/score_tile.cuh"
 
 namespace tileattn::cuda {
 
@@ -227,14 +228,11 @@ struct TileRows : TileLse<kC>, TileDsum<kC> {
       : TileLse<kC>(c, sLse), TileDsum<kC>(c, sDsum) {}
 };
 
-// What scores_to_pt needs of a visibility rule, for a bare Mask and for a Variant. A Variant's
-// document ids exist only for the sequence's rows (a tile's rows may run past it).
+// What scores_to_pt needs of a visibility rule, for a bare Mask and for a Variant.
 __device__ __forceinline__ int alibi_diag_of(const Mask& m) { return m.alibi_diag; }
 __device__ __forceinline__ int alibi_diag_of(const Variant& v) { return v.mask.alibi_diag; }
 __device__ __forceinline__ int keys_of(const Mask& m) { return m.seqlen_k; }
 __device__ __forceinline__ int keys_of(const Variant& v) { return v.mask.seqlen_k; }
-__device__ __forceinline__ bool sees(const Mask& m, int i, int j) { return m.visible(i, j); }
-__device__ __forceinline__ bool sees(const Variant& v, int i, int j) { return i < v.mask.seqlen_q && v.visible(i, j); }
 
 // S^T (keys x queries, as (rows, cols)) to P^T in place: modifiers (with a softcap, dsc keeps
 // d(score)/d(qk) per element for dS), the mask as `mode` says (vis's element rule, or only the
@@ -258,13 +256,7 @@ __device__ __forceinline__ void scores_to_pt(const FwdParams& f, const Vis& vis,
     }
   }
   if (mode == TileMask::rules) {
-    CUTE_UNROLL
-    for (int i = 0; i < kR; ++i) {
-      const int key = n0 + get<0>(c(i, 0));
-      CUTE_UNROLL
-      for (int j = 0; j < kC; ++j)
-        if (!sees(vis, m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
-    }
+    mask_scores_t(vis, n0, m0, s, c);
   } else if (mode == TileMask::limit) {
     CUTE_UNROLL
     for (int i = 0; i < kR; ++i) {

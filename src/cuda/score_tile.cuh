@@ -1,8 +1,10 @@
-// Score-tile passes shared by the forward kernels: the variant's score transform, its element mask
-// and dropout applied to an accumulator seen as (rows, cols), with `coord` giving each value's
-// (row, col) in the tile.
+// Score-tile passes: the variant's score transform, its element mask and dropout applied to an
+// accumulator seen as (rows, cols), with `coord` giving each value's (row, col) in the tile; the
+// forward's on S, the backward's element mask on S^T (mask_scores_t).
 // Both mma.sync and wgmma accumulators hold column pairs (2q, 2q + 1) of 8-column groups.
 #pragma once
+
+#include <cstdint>
 
 #include <cute/tensor.hpp>
 
@@ -12,6 +14,15 @@
 namespace tileattn::cuda {
 
 using namespace cute;
+
+// Document ids x and x + 1 (a thread's column pair: the accumulators hold columns 2q, 2q + 1), one
+// 8-byte load where they are adjacent and aligned; 0 past `limit` (never read there). The
+// backward's; in the forward's consumers the pairs' two paths spilled more (ptxas).
+__device__ __forceinline__ int2 id_pair(const int* ids, long long stride, int x, int limit) {
+  if (stride == 1 && x + 1 < limit && (reinterpret_cast<std::uintptr_t>(ids + x) & 7) == 0)
+    return *reinterpret_cast<const int2*>(ids + x);
+  return make_int2(x < limit ? ids[x * stride] : 0, x + 1 < limit ? ids[(x + 1) * stride] : 0);
+}
 
 // Applies the variant's score transform (scale, softcap, ALiBi) in place, leaving scores in log2
 // units.
@@ -26,8 +37,7 @@ __device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const Vari
 }
 
 // The variant's element mask: each row's key range, then, with document ids or a dense mask, the
-// per-element tests (only inside the range and on the sequence's rows, so that nothing is read past
-// the sequence).
+// per-element tests (reading ids and the mask only on the sequence's rows and keys).
 template <class S, class C>
 __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0) {
   CUTE_UNROLL
@@ -55,24 +65,101 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
     }
   }
   if (!v.element_tests()) return;
+  if (v.document_tests()) {
+    // Each key's id read once for all of the thread's rows (keys outside a row's range are masked
+    // already); rows past the sequence have no id and keep their range alone.
+    constexpr int kR = decltype(size<0>(s))::value;
+    int doc[kR];
+    bool real[kR];
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int row = row0 + get<0>(coord(i, 0));
+      real[i] = row < v.mask.seqlen_q;
+      doc[i] = real[i] ? v.doc_q[row * v.doc_q_stride] : 0;
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(s); ++j) {
+      const int key = col0 + get<1>(coord(0, j));
+      if (key >= v.mask.seqlen_k) continue;
+      const int dk = v.doc_k[key * v.doc_k_stride];
+      CUTE_UNROLL
+      for (int i = 0; i < kR; ++i)
+        if (real[i] && dk != doc[i]) s(i, j) = -INFINITY;
+    }
+  }
+  if (!v.dense_mask()) return;
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
     if (row >= v.mask.seqlen_q) continue;
     const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
-    if (v.document_tests()) {
-      const int doc = v.doc_q[row * v.doc_q_stride];
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(s); ++j) {
+      const int c = get<1>(coord(i, j));
+      if (c >= lo && c < hi && !v.dense_visible(row, col0 + c)) s(i, j) = -INFINITY;
+    }
+  }
+}
+
+// The element mask on an S^T tile (keys x queries, as (rows, cols)) whose first key is n0 and first
+// query m0. A bare Mask's test is a few instructions an element; a Variant's (chunks, a prefix,
+// document ids, a dense mask) is many, so it takes each key's rows once, [query_begin,
+// query_end), and each query's document id once per column, leaving a compare or two an element.
+// A Variant's ids exist only for the sequence's rows and keys (a tile may run past them).
+template <class S, class C>
+__device__ __forceinline__ void mask_scores_t(const Mask& m, int n0, int m0, S& s, const C& c) {
+  CUTE_UNROLL
+  for (int i = 0; i < size<0>(s); ++i) {
+    const int key = n0 + get<0>(c(i, 0));
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(s); ++j)
+      if (!m.visible(m0 + get<1>(c(i, j)), key)) s(i, j) = -INFINITY;
+  }
+}
+template <class S, class C>
+__device__ __forceinline__ void mask_scores_t(const Variant& v, int n0, int m0, S& s, const C& c) {
+  constexpr int kR = decltype(size<0>(s))::value, kC = decltype(size<1>(s))::value;
+  // Columns relative to the thread's first: compile-time offsets once unrolled.
+  const int q0 = m0 + get<1>(c(0, 0));
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    const int key = n0 + get<0>(c(i, 0));
+    const bool real = key < v.mask.seqlen_k;
+    const int lo = (real ? v.query_begin(key) : 0) - q0, hi = (real ? v.query_end(key) : 0) - q0;
+    CUTE_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      const int dc = m0 + get<1>(c(i, j)) - q0;
+      if (dc < lo || dc >= hi) s(i, j) = -INFINITY;
+    }
+  }
+  if (!v.element_tests()) return;
+  // Ids and the dense mask are read only on the sequence's rows and keys (the rest is masked above).
+  if (v.document_tests()) {
+    int doc_k[kR];
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      doc_k[i] = key < v.mask.seqlen_k ? v.doc_k[key * v.doc_k_stride] : 0;
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < kC; j += 2) {
+      const int2 doc = id_pair(v.doc_q, v.doc_q_stride, m0 + get<1>(c(0, j)), v.mask.seqlen_q);
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) {
-        const int c = get<1>(coord(i, j));
-        if (c >= lo && c < hi && v.doc_k[(col0 + c) * v.doc_k_stride] != doc) s(i, j) = -INFINITY;
+      for (int i = 0; i < kR; ++i) {
+        if (doc_k[i] != doc.x) s(i, j) = -INFINITY;
+        if (doc_k[i] != doc.y) s(i, j + 1) = -INFINITY;
       }
     }
-    if (v.dense_mask()) {
+  }
+  if (v.dense_mask()) {
+    CUTE_UNROLL
+    for (int i = 0; i < kR; ++i) {
+      const int key = n0 + get<0>(c(i, 0));
+      if (key >= v.mask.seqlen_k) continue;
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) {
-        const int c = get<1>(coord(i, j));
-        if (c >= lo && c < hi && !v.dense_visible(row, col0 + c)) s(i, j) = -INFINITY;
+      for (int j = 0; j < kC; ++j) {
+        const int q = m0 + get<1>(c(i, j));
+        if (q < v.mask.seqlen_q && !v.dense_visible(q, key)) s(i, j) = -INFINITY;
       }
     }
   }

@@ -238,6 +238,32 @@ TEST(Variant, BlocksAndRowRangesAgreeWithElements) {
   }
 }
 
+// The backward masks an S^T tile by each key's rows: [query_begin(j), query_end(j)) must be exactly
+// the rows whose range holds key j, under every rule the ranges combine (window, causal in both
+// alignments, chunks, a prefix where validation allows one).
+TEST(Variant, QueryRangesOfEachKeyAreExact) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 500; ++it) {
+    const int sq = uni(1, 50), sk = uni(1, 50);
+    const bool prefix = uni(0, 3) == 0;
+    const int left = prefix || uni(0, 2) ? -1 : uni(0, 30);
+    const int right = prefix ? uni(0, 20) : uni(0, 2) ? -1 : uni(0, 30);
+    Variant v;
+    v.mask = Mask(sq, sk, uni(0, 1) == 1, left, right);
+    v.chunk = prefix || uni(0, 1) ? 0 : uni(1, 20);
+    v.prefix = prefix ? uni(0, sk + 3) : 0;
+    for (int j = 0; j < sk; ++j)
+      for (int i = 0; i < sq; ++i) {
+        const bool in = i >= v.query_begin(j) && i < v.query_end(j);
+        ASSERT_EQ(in, v.visible(i, j)) << "seed " << seed << " sq=" << sq << " sk=" << sk << " window=(" << left
+                                       << "," << right << ") chunk=" << v.chunk << " prefix=" << v.prefix
+                                       << " bottom_right=" << (v.mask.diag_offset != 0) << " i=" << i << " j=" << j;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BlockMaskEquivalence, ::testing::Values(Backend::cpu_reference, Backend::cpu_flash),
                          [](const auto& info) { return info.param == Backend::cpu_reference ? "reference" : "flash"; });
 
