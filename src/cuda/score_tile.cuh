@@ -4,8 +4,6 @@
 // Both mma.sync and wgmma accumulators hold column pairs (2q, 2q + 1) of 8-column groups.
 #pragma once
 
-#include <cstdint>
-
 #include <cute/tensor.hpp>
 
 #include "common/philox.hpp"
@@ -14,15 +12,6 @@
 namespace tileattn::cuda {
 
 using namespace cute;
-
-// Document ids x and x + 1 (a thread's column pair: the accumulators hold columns 2q, 2q + 1), one
-// 8-byte load where they are adjacent and aligned; 0 past `limit` (never read there). The
-// backward's; in the forward's consumers the pairs' two paths spilled more (ptxas).
-__device__ __forceinline__ int2 id_pair(const int* ids, long long stride, int x, int limit) {
-  if (stride == 1 && x + 1 < limit && (reinterpret_cast<std::uintptr_t>(ids + x) & 7) == 0)
-    return *reinterpret_cast<const int2*>(ids + x);
-  return make_int2(x < limit ? ids[x * stride] : 0, x + 1 < limit ? ids[(x + 1) * stride] : 0);
-}
 
 // Applies the variant's score transform (scale, softcap, ALiBi) in place, leaving scores in log2
 // units.
@@ -142,13 +131,13 @@ __device__ __forceinline__ void mask_scores_t(const Variant& v, int n0, int m0, 
       doc_k[i] = key < v.mask.seqlen_k ? v.doc_k[key * v.doc_k_stride] : 0;
     }
     CUTE_UNROLL
-    for (int j = 0; j < kC; j += 2) {
-      const int2 doc = id_pair(v.doc_q, v.doc_q_stride, m0 + get<1>(c(0, j)), v.mask.seqlen_q);
+    for (int j = 0; j < kC; ++j) {
+      const int q = m0 + get<1>(c(0, j));
+      if (q >= v.mask.seqlen_q) continue;
+      const int doc = v.doc_q[q * v.doc_q_stride];
       CUTE_UNROLL
-      for (int i = 0; i < kR; ++i) {
-        if (doc_k[i] != doc.x) s(i, j) = -INFINITY;
-        if (doc_k[i] != doc.y) s(i, j + 1) = -INFINITY;
-      }
+      for (int i = 0; i < kR; ++i)
+        if (doc_k[i] != doc) s(i, j) = -INFINITY;
     }
   }
   if (v.dense_mask()) {
