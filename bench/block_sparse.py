@@ -23,7 +23,10 @@ dense kernel on the pattern's dense equivalent: causal, the window, varlen docum
 unmasked kernel for random and dense). tflops counts the visited blocks' FLOPs (4 b h s^2 d x density
 forward, 2.5x backward) for every impl of a row's pattern, so TFLOP/s compare as time does. Every
 row of a file is timed in the same run. A backward is timed as torch.autograd.grad of the impl's own
-forward output. On a CPU (--device cpu) torch-flex is compiled by inductor's CPU backend, and the
+forward output. On a GPU a row also carries kernel_ms (its kernels' own device time per call, from
+torch.profiler: where ms exceeds it, the call waited on something besides its kernels) and the
+caching allocator's cudaMalloc calls and retries during the timed calls (device_allocs,
+alloc_retries). On a CPU (--device cpu) torch-flex is compiled by inductor's CPU backend, and the
 CPU is shared: say so when quoting its numbers.
 
 The random and dense patterns' BlockMasks are built from their block tables directly
@@ -52,12 +55,17 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def timer(device):
-    """ms of fn() per call: median of iters after warm-ups, CUDA events on a GPU, wall clock on a CPU."""
+    """fn() per call: (ms, more). ms: the median of iters after warm-ups, CUDA events on a GPU, wall
+    clock on a CPU. more, on a GPU: kernel_ms, the device time of the kernels a call launched
+    (torch.profiler over a few more calls: the events also count any wait inside a call, such as a
+    synchronizing allocation), and the caching allocator's cudaMalloc calls and retries during the
+    timed calls (device_allocs, alloc_retries); None on a CPU."""
     def run(fn, iters):
         for _ in range(2):
             fn()
         if device == "cuda":
             torch.cuda.synchronize()
+            before = torch.cuda.memory_stats()
             start = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             stop = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             for i in range(iters):
@@ -65,14 +73,33 @@ def timer(device):
                 fn()
                 stop[i].record()
             torch.cuda.synchronize()
-            return statistics.median(a.elapsed_time(b) for a, b in zip(start, stop))
+            after = torch.cuda.memory_stats()
+            ms = statistics.median(a.elapsed_time(b) for a, b in zip(start, stop))
+            more = {"kernel_ms": kernel_ms(fn),
+                     "device_allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
+                     "alloc_retries": after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)}
+            return ms, more
         times = []
         for _ in range(iters):
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return statistics.median(times), {"kernel_ms": None, "device_allocs": None, "alloc_retries": None}
     return run
+
+
+def kernel_ms(fn, calls=5):
+    """The GPU kernels' own time per call of fn (ms): their device time summed over a few calls."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for ev in prof.key_averages():
+        total += getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0) or 0
+    return total / calls / 1e3
 
 
 def documents(batch, seqlen, gen):
@@ -238,10 +265,11 @@ def main():
                         try:
                             if pas == "fwd":
                                 qd, kd, vd = (x.detach() for x in (q, k, v))
-                                ms = run(lambda: fn(qd, kd, vd, False), iters)
+                                ms, more = run(lambda: fn(qd, kd, vd, False), iters)
                             else:
                                 out = fn(q, k, v, True)
-                                ms = run(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters)
+                                ms, more = run(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                                                iters)
                                 del out
                         except Exception as e:  # an impl that cannot run this row: recorded, not fatal
                             msg = error(e)
@@ -250,9 +278,10 @@ def main():
                             save()
                             continue
                         flops = fwd_flops * (2.5 if pas == "bwd" else 1.0)
-                        rows.append(dict(row, ms=ms, tflops=flops / ms / 1e9, tbps=None))
+                        rows.append(dict(row, ms=ms, tflops=flops / ms / 1e9, tbps=None, **more))
                         save()
-                        print(f"{impl:15s} {name:10s} d={density:.3f} {pas} hdim={hdim} s={seqlen}: {ms:9.3f} ms",
+                        kern = f" (kernels {more['kernel_ms']:.3f} ms)" if more["kernel_ms"] is not None else ""
+                        print(f"{impl:15s} {name:10s} d={density:.3f} {pas} hdim={hdim} s={seqlen}: {ms:9.3f} ms{kern}",
                               file=sys.stderr)
                 del bm
     save()

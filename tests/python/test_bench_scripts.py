@@ -60,6 +60,8 @@ def test_block_sparse_record(tmp_path):
     assert {(r["impl"], r["pass"]) for r in rows} == {(i, p) for i in ("tileattn", "tileattn-dense")
                                                     for p in ("fwd", "bwd")}
     assert all(r["grid"] == "block_sparse" and r["ms"] > 0 and "error" not in r for r in rows)
+    # The GPU's kernel time and allocator counts are columns of every row, empty on a CPU.
+    assert all(r["kernel_ms"] is None and r["device_allocs"] is None for r in rows)
 
 
 def test_ncu_stalls_reads_a_source_page(tmp_path):
