@@ -64,6 +64,20 @@ def test_block_sparse_record(tmp_path):
     assert all(r["kernel_ms"] is None and r["device_allocs"] is None for r in rows)
 
 
+def test_block_sparse_masking_record(tmp_path):
+    """Every case of both patterns and random blocks, both passes, on a few CPU calls."""
+    out = tmp_path / "masking.json"
+    _run("block_sparse_masking.py", str(out), "--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--width",
+         "32", "--hdims", "16", "--seqlen", "128", "--block", "64", "--window", "64", "--iters", "1")
+    rows = json.loads(out.read_text())["rows"]
+    assert len({r["case"] for r in rows}) == 9 and {r["pass"] for r in rows} == {"fwd", "bwd"}
+    assert all(r["grid"] == "block_sparse_masking" and r["ms"] > 0 for r in rows)
+    # Listing every visited block as full keeps the density of the mask it came from.
+    density = {r["case"]: r["density"] for r in rows}
+    assert density["documents: full"] == density["documents: rule"]
+    assert density["window: full"] == density["window: rule"]
+
+
 def test_ncu_stalls_reads_a_source_page(tmp_path):
     page = tmp_path / "source.csv"
     page.write_text('"Kernel: k"\n'
