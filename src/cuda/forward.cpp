@@ -8,6 +8,7 @@
 #include "core/backends.hpp"
 #include "cuda/attn_params.hpp"
 #include "cuda/block_state.hpp"
+#include "cuda/document_runs.hpp"
 #include "cuda/fwd_launch.hpp"
 #include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
@@ -50,12 +51,17 @@ bool claims_tiles(const Problem& pr) {
   return tiles > device_sm_count();
 }
 
-// The call's scratch: the tile counter (where claimed), then the block mask's cells.
+// The call's scratch: the tile counter (where claimed), then the block mask's cells, then the
+// document ids' runs.
 std::size_t counter_bytes(const Problem& pr) { return claims_tiles(pr) ? kTileCounterBytes : 0; }
+
+std::size_t runs_bytes(const Problem& pr, const ForwardArgs& a) {
+  return document_runs_bytes(pr, pr.varlen ? a.q.shape[0] : std::int64_t(pr.batch) * pr.seqlen_q);
+}
 
 std::size_t workspace_size(const Problem& pr, const ForwardArgs& a) {
   DeviceGuard device(a.q.device.index);
-  return reported_bytes(counter_bytes(pr) + block_state_bytes(pr, a.block_mask));
+  return reported_bytes(counter_bytes(pr) + block_state_bytes(pr, a.block_mask) + runs_bytes(pr, a));
 }
 
 void forward(const Problem& pr, const ForwardArgs& a) {
@@ -65,10 +71,11 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
                                   a.document_ids_q, a.document_ids_k, a.prefix_lens, a.block_mask.mask, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim());
-  const std::size_t counter = counter_bytes(pr);
-  Workspace ws(a.options, counter + block_state_bytes(pr, a.block_mask), stream);
+  const std::size_t counter = counter_bytes(pr), cells = block_state_bytes(pr, a.block_mask);
+  Workspace ws(a.options, counter + cells + runs_bytes(pr, a), stream);
   if (pr.block_sparse())
     p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
+  if (pr.documents) make_document_runs(pr, p, reinterpret_cast<unsigned char*>(ws.data() + counter + cells), stream);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
                   takes_variant(pr), device_runs_sm90a(),

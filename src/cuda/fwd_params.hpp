@@ -60,6 +60,10 @@ struct FwdParams {
   std::int64_t prefix_stride;
   const int *doc_q, *doc_k;         // document ids; nullptr: none
   std::int64_t doc_q_batch, doc_q_row, doc_k_batch, doc_k_row;
+  // The forward's runs of sorted ids (document_runs.hpp): doc_sorted[b] non-zero where sequence b's
+  // ids are sorted, and then its query row i's keys of its document are [doc_runs[2g], doc_runs[2g
+  // + 1]) with g = b * seqlen_q + i (batched) or cu_q[b] + i (varlen); nullptr: none.
+  const int *doc_sorted, *doc_runs;
   // The block mask's dense element mask (BlockMask::mask, u8); nullptr: none. Element strides, the
   // batch and head ones 0 where the mask broadcasts over that dim; rows and keys by their positions
   // in the sequence.

@@ -240,7 +240,7 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     if constexpr (kMods) apply_score_mod(s, cS_rc, scored, g.m0, col0);
     if constexpr (decltype(masked)::value) {
       if (!kVariant || t.mode == TileMask::rules)
-        apply_mask(s, cS_rc, g.var, g.m0, col0);
+        apply_mask(s, cS_rc, g.var, g.m0, col0, g.runs);
       else
         apply_key_limit(s, cS_rc, g.sk - col0);
     }

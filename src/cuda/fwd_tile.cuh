@@ -21,6 +21,9 @@ struct FwdTile {
   Variant var;           // without ALiBi's slope; restricted<kVariant>
   // The block mask's cells of the tile's query block, one per key block; nullptr: no block mask.
   const unsigned char* cells;
+  // Where the sequence's document ids are sorted, its rows' runs of keys (FwdParams::doc_runs from
+  // the sequence's first row); nullptr: none.
+  const int* runs;
 
   __device__ bool has_rows() const { return rows > 0; }
   // How the tile meets key tile n.
@@ -80,6 +83,11 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   t.var = restricted<kVariant>(v);
   t.n_min = t.n_max = 0;
   t.cells = nullptr;
+  t.runs = nullptr;
+  if constexpr (kVariant) {
+    if (p.doc_runs != nullptr && p.doc_sorted[b] != 0)
+      t.runs = p.doc_runs + 2 * ((p.cu_q != nullptr ? 0 : std::int64_t(b) * p.seqlen_q) + t.q_start);
+  }
   if (t.rows > 0) {
     // A block mask's fully visible blocks take no element mask: any key may be visible.
     const bool blocks = kVariant && p.blocks.state != nullptr;

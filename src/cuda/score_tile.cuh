@@ -26,9 +26,12 @@ __device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const Vari
 }
 
 // The variant's element mask: each row's key range, then, with document ids or a dense mask, the
-// per-element tests (reading ids and the mask only on the sequence's rows and keys).
+// per-element tests (reading ids and the mask only on the sequence's rows and keys). runs: the
+// rows' runs of keys of sorted document ids (FwdTile::runs), which narrow each row's range in place
+// of the ids' element test; nullptr: none.
 template <class S, class C>
-__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0) {
+__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0,
+                                           const int* runs = nullptr) {
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
@@ -37,7 +40,11 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
     // and a select (a column in a register and two compares otherwise). A row whose first visible
     // key lies left of the thread's columns (causal; a window wider than the tile) has one bound.
     const int c0 = get<1>(coord(i, 0));
-    const int lo = v.key_begin(row) - col0 - c0, hi = v.key_end(row) - col0 - c0;
+    int lo = v.key_begin(row) - col0 - c0, hi = v.key_end(row) - col0 - c0;
+    if (runs != nullptr && row < v.mask.seqlen_q) {
+      lo = max(lo, runs[2 * row] - col0 - c0);
+      hi = min(hi, runs[2 * row + 1] - col0 - c0);
+    }
     int first = 0;  // the leftmost of the thread's columns, relative to c0 (a constant once unrolled)
     CUTE_UNROLL
     for (int j = 0; j < size<1>(s); ++j) first = min(first, get<1>(coord(i, j)) - c0);
@@ -54,7 +61,7 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
     }
   }
   if (!v.element_tests()) return;
-  if (v.document_tests()) {
+  if (v.document_tests() && runs == nullptr) {
     // Each key's id read once for all of the thread's rows (keys outside a row's range are masked
     // already); rows past the sequence have no id and keep their range alone.
     constexpr int kR = decltype(size<0>(s))::value;
