@@ -6,7 +6,9 @@ for nothing after the first. The first call with a mask checks it (bad values ra
 error naming the list and the entry); once that call has passed, the mask is remembered by its
 tensors' identities and version counters together with the sizes its values were checked against,
 and later calls with the same mask run with the device check off. A mask written in place bumps a
-version counter and is checked again; so is one used with other sequence lengths or block sizes.
+version counter and is checked again; so is one used with other sequence lengths, block sizes or
+element rule. A mask found to add nothing to its rule (_implied_masks) is then left out of the
+calls altogether.
 Writes that bypass PyTorch (another library writing the memory through DLPack) are not seen.
 """
 
@@ -14,7 +16,8 @@ import weakref
 
 _LIMIT = 256  # masks remembered at once; past it the record starts afresh
 
-# id(kv_num_blocks) -> (weak references to the four lists, their versions, the sizes checked against)
+# id(kv_num_blocks) -> (weak references to the four lists, their versions, the sizes checked against,
+# whether the mask adds nothing to its call's element rule: _implied_masks)
 _checked = {}
 
 
@@ -28,15 +31,21 @@ def seen(lists, sizes):
     entry = _checked.get(id(lists[0]))
     if entry is None:
         return False
-    refs, versions, checked_sizes = entry
+    refs, versions, checked_sizes, _ = entry
     if checked_sizes != sizes or versions != _state(lists):
         return False
     return all((r is None and t is None) or (r is not None and r() is t) for r, t in zip(refs, lists))
 
 
-def remember(lists, sizes):
-    """Records lists as checked against sizes (called after a call that checked them passed)."""
+def remember(lists, sizes, implied=False):
+    """Records lists as checked against sizes (called after a call that checked them passed), and
+    whether they add nothing to the call's element rule."""
     if len(_checked) >= _LIMIT:
         _checked.clear()
     refs = tuple(None if t is None else weakref.ref(t) for t in lists)
-    _checked[id(lists[0])] = (refs, _state(lists), sizes)
+    _checked[id(lists[0])] = (refs, _state(lists), sizes, implied)
+
+
+def implied(lists):
+    """Whether remembered lists (seen) add nothing to their call's element rule."""
+    return _checked[id(lists[0])][3]

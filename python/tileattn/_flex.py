@@ -147,6 +147,9 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     per call). check_device_indices: a GPU-resident block mask is copied to the host and checked (one
     synchronization) at its first use, and again once written in place or used at other sizes (eager
     calls; a traced call checks every time); False skips that (out-of-range entries are then ignored).
+    A GPU block mask that adds nothing to the causal / window rule given with it (causal as blocks,
+    a window as blocks: every skipped block invisible under the rule, every full one wholly visible)
+    is found so at that first check, and later eager calls with it run the dense kernels.
     Block lists built here from a mask are not checked (they are valid by construction)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "

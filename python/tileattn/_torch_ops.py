@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _checked_masks, _torch_calls
+from . import _checked_masks, _implied_masks, _torch_calls
 
 
 def _seed(dropout_p):
@@ -255,7 +255,8 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
     """flex_fwd's (out, lse) on [batch, heads, seq, d] q, k, v and out (FlexAttention's layout; lse
     [batch, heads, seq]), differentiable in q, k and v. Eager calls on plain tensors skip the op
     dispatcher and the transposed views (the native call reads the layout as it is), and a GPU block
-    mask is checked at its first use only (_checked_masks)."""
+    mask is checked at its first use only (_checked_masks); one that adds nothing to the causal /
+    window rule of its call is left out of the later ones (_implied_masks)."""
     lists = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
     if not _eager(q, k, v, alibi_slopes, document_ids_q, document_ids_k, prefix_lens, dense_mask, *lists):
         out, lse = flex_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *lists, document_ids_q,
@@ -265,8 +266,10 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
     check = check_device_indices
     sizes = None
     if check and kv_num_blocks is not None and kv_num_blocks.is_cuda:
-        sizes = (q.shape[2], k.shape[2], block_q, block_k)
+        sizes = (q.shape[2], k.shape[2], block_q, block_k, causal, top_left, window_left, window_right)
         check = not _checked_masks.seen(lists, sizes)
+        if not check and _checked_masks.implied(lists):
+            lists = (None,) * 4  # the dense call under the same rule (_implied_masks)
     o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                              0, check, chunk_size, prefix_len)
     mask = lists + (block_q, block_k, document_ids_q, document_ids_k, prefix_lens, dense_mask)
@@ -278,7 +281,10 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
     else:
         out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
     if check and sizes is not None:
-        _checked_masks.remember(lists, sizes)
+        rule_only = all(x is None for x in (document_ids_q, document_ids_k, prefix_lens, dense_mask)) and \
+            chunk_size == 0 and prefix_len == 0
+        _checked_masks.remember(lists, sizes, rule_only and _implied_masks.implied(
+            lists, q.shape[2], k.shape[2], block_q, block_k, causal, top_left, window_left, window_right))
     return out, lse
 
 

@@ -459,6 +459,45 @@ def test_checked_masks_follow_identity_version_and_sizes():
     assert not _checked_masks.seen(lists, sizes)
 
 
+def test_implied_masks_agree_with_the_elements():
+    """_implied_masks.implied against the rule materialized: a mask adds nothing to a causal / window
+    rule exactly where each skipped block holds no visible element and each full block no invisible
+    one. Masks drawn as the rule's own blocks (implied), then with cells changed at random."""
+    torch = pytest.importorskip("torch")
+    from tileattn import _implied_masks
+    rng = np.random.default_rng()
+    for it in range(300):
+        sq, sk = int(rng.integers(1, 90)), int(rng.integers(1, 90))
+        bq, bk = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 32]))
+        causal, top_left = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+        left = -1 if rng.integers(0, 2) else int(rng.integers(0, 40))
+        right = -1 if causal or rng.integers(0, 2) else int(rng.integers(0, 40))
+        off = 0 if top_left else sk - sq
+        i, j = np.arange(sq)[:, None] + off, np.arange(sk)[None, :]
+        vis = (j >= i - left if left >= 0 else True) & (j <= i + (0 if causal else right) if causal or right >= 0 else True)
+        vis = np.broadcast_to(vis, (sq, sk))
+        qb, kb = -(-sq // bq), -(-sk // bk)
+        cells = np.zeros((qb, kb, 2), dtype=bool)  # (any visible, all visible)
+        for r, c in np.ndindex(qb, kb):
+            blk = vis[r * bq:(r + 1) * bq, c * bk:(c + 1) * bk]
+            cells[r, c] = blk.any(), blk.all()
+        state = np.where(cells[..., 1], 2, np.where(cells[..., 0], 1, 0))
+        if it % 3:
+            flip = rng.random((qb, kb)) < 0.2
+            state = np.where(flip, rng.integers(0, 3, (qb, kb)), state)
+        want = not (((state == 0) & cells[..., 0]) | ((state == 2) & ~cells[..., 1])).any()
+        lists = []
+        for value in (1, 2):
+            num = torch.tensor((state == value).sum(-1), dtype=torch.int32)[None, None]
+            idx = torch.zeros(1, 1, qb, kb, dtype=torch.int32)
+            for r in range(qb):
+                listed = np.flatnonzero(state[r] == value)
+                idx[0, 0, r, :len(listed)] = torch.tensor(listed, dtype=torch.int32)
+            lists += [num, idx]
+        got = _implied_masks.implied(lists, sq, sk, bq, bk, causal, top_left, left, -1 if causal else right)
+        assert got == want, (sq, sk, bq, bk, causal, top_left, left, right, state)
+
+
 def test_flex_attention_eager_path_matches_the_op():
     """The eager call (no op dispatcher) and the tileattn::flex_fwd op that torch.compile sees give
     the same output, LSE and gradients."""
@@ -492,8 +531,13 @@ def test_flex_attention_cuda_mask_is_checked_once_and_again_when_written():
     bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, sq, sq, device="cuda", BLOCK_SIZE=128)
     lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
     first = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
-    assert _checked_masks.seen(lists, (sq, sq, 128, 128))
-    torch.testing.assert_close(tileattn.flex_attention(q, k, v, block_mask=bm, causal=True), first, atol=0, rtol=0)
+    assert _checked_masks.seen(lists, (sq, sq, 128, 128, True, True, -1, -1))
+    # Causal as blocks adds nothing to causal: later calls are the dense kernel's causal call (its
+    # tiles may differ from the block-sparse kernel's, so the first call agrees up to rounding).
+    assert _checked_masks.implied(lists)
+    second = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
+    torch.testing.assert_close(second, tileattn.flex_attention(q, k, v, causal=True), atol=0, rtol=0)
+    torch.testing.assert_close(second, first)
     bm.kv_indices[0, 0, 0, 0] = 1000
     with pytest.raises(tileattn.Error, match=r"block_mask.kv_indices\[0, 0, 0, 0\] = 1000 is outside"):
         tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
