@@ -235,12 +235,18 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor s = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   float corr[decltype(size<0>(s))::value];
+  // A variant's row ranges (with document runs, two loads a row) hold for every key tile: taken
+  // once. The plain kernels take their causal / window bounds per tile, as they always have.
+  const auto ranges = row_ranges(s, cS_rc, g.var, g.m0, kVariant ? g.runs : nullptr);
   auto probabilities = [&](auto masked, const Visit& t) __attribute__((always_inline)) {
     const int col0 = t.n * kBlockN;
     if constexpr (kMods) apply_score_mod(s, cS_rc, scored, g.m0, col0);
     if constexpr (decltype(masked)::value) {
       if (!kVariant || t.mode == TileMask::rules)
-        apply_mask(s, cS_rc, g.var, g.m0, col0, g.runs);
+        if constexpr (kVariant)
+          apply_mask(s, cS_rc, g.var, g.m0, col0, ranges);
+        else
+          apply_mask(s, cS_rc, g.var, g.m0, col0);
       else
         apply_key_limit(s, cS_rc, g.sk - col0);
     }

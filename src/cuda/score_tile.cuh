@@ -25,26 +25,49 @@ __device__ __forceinline__ void apply_score_mod(S& s, const C& coord, const Vari
   }
 }
 
-// The variant's element mask: each row's key range, then, with document ids or a dense mask, the
-// per-element tests (reading ids and the mask only on the sequence's rows and keys). runs: the
-// rows' runs of keys of sorted document ids (FwdTile::runs), which narrow each row's range in place
-// of the ids' element test; nullptr: none.
+// The visible keys [lo, hi) of each of a thread's rows (absolute key indices): the variant's range,
+// narrowed by the row's run of sorted document ids where `runs` is given (FwdTile::runs; nullptr:
+// none), which then stands in for the ids' element test. A function of the rows alone, so a kernel
+// whose rows stay for many key tiles takes it once.
+template <int kR>
+struct RowRanges {
+  int lo[kR], hi[kR];
+  bool runs;  // the ids' test is in the ranges
+};
+
 template <class S, class C>
-__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0,
+__device__ __forceinline__ auto row_ranges(const S& s, const C& coord, const Variant& v, int row0,
                                            const int* runs = nullptr) {
+  constexpr int kR = decltype(size<0>(s))::value;
+  RowRanges<kR> r;
+  r.runs = runs != nullptr;
+  CUTE_UNROLL
+  for (int i = 0; i < kR; ++i) {
+    const int row = row0 + get<0>(coord(i, 0));
+    r.lo[i] = v.key_begin(row);
+    r.hi[i] = v.key_end(row);
+    if (runs != nullptr && row < v.mask.seqlen_q) {
+      r.lo[i] = max(r.lo[i], runs[2 * row]);
+      r.hi[i] = min(r.hi[i], runs[2 * row + 1]);
+    }
+  }
+  return r;
+}
+
+// The variant's element mask: each row's key range (`r`, from row_ranges), then, with document ids
+// (unless the ranges hold them) or a dense mask, the per-element tests (reading ids and the mask
+// only on the sequence's rows and keys).
+template <class S, class C, int kR>
+__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0,
+                                           const RowRanges<kR>& r) {
   CUTE_UNROLL
   for (int i = 0; i < size<0>(s); ++i) {
-    const int row = row0 + get<0>(coord(i, 0));
     // The row's bounds relative to this thread's first column of it: the other columns' offsets
     // from that one are compile-time constants, so an element costs a compare with an immediate
     // and a select (a column in a register and two compares otherwise). A row whose first visible
     // key lies left of the thread's columns (causal; a window wider than the tile) has one bound.
     const int c0 = get<1>(coord(i, 0));
-    int lo = v.key_begin(row) - col0 - c0, hi = v.key_end(row) - col0 - c0;
-    if (runs != nullptr && row < v.mask.seqlen_q) {
-      lo = max(lo, runs[2 * row] - col0 - c0);
-      hi = min(hi, runs[2 * row + 1] - col0 - c0);
-    }
+    const int lo = r.lo[i] - col0 - c0, hi = r.hi[i] - col0 - c0;
     int first = 0;  // the leftmost of the thread's columns, relative to c0 (a constant once unrolled)
     CUTE_UNROLL
     for (int j = 0; j < size<1>(s); ++j) first = min(first, get<1>(coord(i, j)) - c0);
@@ -61,10 +84,9 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
     }
   }
   if (!v.element_tests()) return;
-  if (v.document_tests() && runs == nullptr) {
+  if (v.document_tests() && !r.runs) {
     // Each key's id read once for all of the thread's rows (keys outside a row's range are masked
     // already); rows past the sequence have no id and keep their range alone.
-    constexpr int kR = decltype(size<0>(s))::value;
     int doc[kR];
     bool real[kR];
     CUTE_UNROLL
@@ -88,13 +110,19 @@ __device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& 
   for (int i = 0; i < size<0>(s); ++i) {
     const int row = row0 + get<0>(coord(i, 0));
     if (row >= v.mask.seqlen_q) continue;
-    const int lo = v.key_begin(row) - col0, hi = v.key_end(row) - col0;
+    const int lo = r.lo[i] - col0, hi = r.hi[i] - col0;
     CUTE_UNROLL
     for (int j = 0; j < size<1>(s); ++j) {
       const int c = get<1>(coord(i, j));
       if (c >= lo && c < hi && !v.dense_visible(row, col0 + c)) s(i, j) = -INFINITY;
     }
   }
+}
+
+// The same, with the rows' ranges taken for this tile alone.
+template <class S, class C>
+__device__ __forceinline__ void apply_mask(S& s, const C& coord, const Variant& v, int row0, int col0) {
+  apply_mask(s, coord, v, row0, col0, row_ranges(s, coord, v, row0));
 }
 
 // The element mask on an S^T tile (keys x queries, as (rows, cols)) whose first key is n0 and first
