@@ -102,21 +102,51 @@ def _page_rows(fn, pages, block_table, cu):
     return rows
 
 
+
+def check_leftpad(fn, cache_leftpad, cache_seqlens, batch, check_device_values):
+    """cache_leftpad int32 [batch] with 0 <= cache_leftpad[b] <= cache_seqlens[b]: its page table
+    would otherwise start a sequence in another one's rows, which no later check can tell from a
+    valid table. Values on a GPU are read (a synchronization) only where check_device_values, as the
+    core reads cache_seqlens."""
+    for name, x in (("cache_leftpad", cache_leftpad), ("cache_seqlens", cache_seqlens)):
+        if tuple(x.shape) != (batch,):
+            raise _C.Error(f"tileattn.{fn}: {name} has shape {tuple(x.shape)}, expected ({batch},) (batch)")
+    dtype = str(cache_leftpad.dtype).rpartition(".")[2]
+    if dtype != "int32":
+        raise _C.Error(f"tileattn.{fn}: cache_leftpad has dtype {dtype}, expected int32")
+    on_host = library(cache_leftpad) == "numpy" or (is_torch(cache_leftpad) and cache_leftpad.device.type == "cpu")
+    if not (on_host or check_device_values):
+        return
+    if is_torch(cache_leftpad):
+        import torch
+        both = torch.stack([cache_leftpad, cache_seqlens.to(cache_leftpad.device, torch.int32)])
+    else:
+        xp = _np(cache_leftpad)
+        both = xp.stack([cache_leftpad, xp.asarray(cache_seqlens, dtype=xp.int32)])
+    pads, lens = (both.get() if library(both) == "cupy" else both).tolist()  # one copy
+    for b, (pad, n) in enumerate(zip(pads, lens)):
+        if not 0 <= pad <= n:
+            raise _C.Error(f"tileattn.{fn}: cache_leftpad[{b}] = {pad}, expected 0 <= cache_leftpad[b] <= "
+                           f"cache_seqlens[b] = {n}")
+
+
 def leftpad_table(fn, k_cache, cache_leftpad, cache_batch_idx, batch):
     """The cache as one-row pages and the page table that starts sequence b at row cache_leftpad[b]
-    of its cache row: (k_pages view, page_table [batch, capacity] int32)."""
+    of its cache row: (k_pages view, page_table [batch, capacity] int32). Unchecked values (GPU,
+    check_device_indices=False) are clamped into the sequence's own row."""
     cap = k_cache.shape[1]
     if is_torch(k_cache):
         import torch
         base = (cache_batch_idx.long() if cache_batch_idx is not None else
                 torch.arange(batch, device=k_cache.device)) * cap
         j = torch.arange(cap, device=k_cache.device)
-        table = torch.minimum(base[:, None] + cache_leftpad.long()[:, None] + j, base[:, None] + cap - 1)
+        table = torch.minimum(base[:, None] + cache_leftpad.long().clamp(min=0)[:, None] + j, base[:, None] + cap - 1)
         return table.to(torch.int32)
     xp = _np(k_cache)
     base = (cache_batch_idx.astype(xp.int64) if cache_batch_idx is not None else xp.arange(batch)) * cap
     j = xp.arange(cap)
-    table = xp.minimum(base[:, None] + cache_leftpad.astype(xp.int64)[:, None] + j, base[:, None] + cap - 1)
+    table = xp.minimum(base[:, None] + xp.maximum(cache_leftpad.astype(xp.int64), 0)[:, None] + j,
+                       base[:, None] + cap - 1)
     return table.astype(xp.int32)
 
 

@@ -192,9 +192,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     at the same positions when causal or windowed, else at cache_seqlens. cache_leftpad (batch,) int32:
     sequence b's cache starts at row cache_leftpad[b] (rows before it are not keys; rotary positions
     stay absolute cache rows). Returns out, or (out, softmax_lse) with return_softmax_lse. No backward.
-    check_device_indices (tileattn's own): GPU-resident cache_seqlens and block_table are copied to
-    the host and checked before launch, one synchronization per call; pass False in serving loops
-    and CUDA graphs, where out-of-range values are then clamped rather than reported."""
+    check_device_indices (tileattn's own): GPU-resident cache_seqlens, cache_leftpad and block_table
+    are copied to the host and checked before launch (one synchronization, two with cache_leftpad);
+    pass False in serving loops and CUDA graphs, where out-of-range values are then clamped rather
+    than reported."""
     return _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                          alibi_slopes, num_splits, return_softmax_lse, check_device_indices)
@@ -272,6 +273,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     if cache_leftpad is not None:
         _checks.array(fn, "cache_seqlens", cache_seqlens)
+        _adapt.check_leftpad(fn, cache_leftpad, cache_seqlens, batch, check_device_indices)
         # One-row pages: sequence b reads rows cache_leftpad[b] .. cache_seqlens[b] of its cache row.
         page_table = _adapt.leftpad_table(fn, k_cache, cache_leftpad, cache_batch_idx, batch)
         k_cache, v_cache = _adapt.one_row_pages(fn, "k_cache", k_cache), _adapt.one_row_pages(fn, "v_cache", v_cache)

@@ -35,14 +35,14 @@ def _options(fn, like, chunk_size, prefix_len=0, **opts):
     return o
 
 
-def _block_size(fn, block_size):
+def _block_size(fn, block_size, name="block_size"):
     """(block_q, block_k) from an int or a pair of ints."""
     if isinstance(block_size, (tuple, list)):
         if len(block_size) != 2:
-            raise TypeError(f"tileattn.{fn}: block_size = {block_size!r}, expected an int or a pair "
+            raise TypeError(f"tileattn.{fn}: {name} = {block_size!r}, expected an int or a pair "
                             "(block_q, block_k)")
-        return _checks.integer(fn, "block_size[0]", block_size[0]), _checks.integer(fn, "block_size[1]", block_size[1])
-    size = _checks.integer(fn, "block_size", block_size)
+        return _checks.integer(fn, f"{name}[0]", block_size[0]), _checks.integer(fn, f"{name}[1]", block_size[1])
+    size = _checks.integer(fn, name, block_size)
     return size, size
 
 
@@ -167,7 +167,8 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     if m is not None and not all(hasattr(m, a) for a in ("BLOCK_SIZE", "kv_num_blocks", "kv_indices")):
         raise TypeError(f"tileattn.flex_attention: block_mask is a {type(m).__module__}.{type(m).__qualname__}; "
                         "expected a torch.nn.attention.flex_attention.BlockMask or None")
-    block_q, block_k = m.BLOCK_SIZE if m is not None else (128, 128)
+    fn = "flex_attention"
+    block_q, block_k = _block_size(fn, m.BLOCK_SIZE, "block_mask.BLOCK_SIZE") if m is not None else (128, 128)
     lists = (None,) * 4 if m is None else (m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices)
     dims = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
     if isinstance(mask, str):
@@ -180,7 +181,6 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     if mask is not None and m is None:
         lists = _dense_mask.block_lists(mask, block_q, block_k)
         check_device_indices = False
-    fn = "flex_attention"
     docs_q, docs_k = _documents(fn, document_ids)
     prefix, prefix_lens = _prefix(fn, prefix_len)
     left, right = _checks.window(fn, window_size, causal)

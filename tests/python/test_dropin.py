@@ -164,6 +164,25 @@ def test_cache_leftpad(gen, rotary, interleaved):
         assert torch.equal(k_cache[i, :n], k0[i, :n]) and torch.equal(v_cache[i, n:n + sq], v_new[i])
 
 
+@pytest.mark.parametrize("leftpad,error,match", [
+    ([0, -3], tileattn.Error, r"cache_leftpad\[1\] = -3, expected 0 <= cache_leftpad\[b\] <= cache_seqlens\[b\] = 10"),
+    ([11, 0], tileattn.Error, r"cache_leftpad\[0\] = 11, expected 0 <= cache_leftpad\[b\] <= cache_seqlens\[b\] = 10"),
+    ([0, 0, 0], tileattn.Error, r"cache_leftpad has shape \(3,\), expected \(2,\) \(batch\)"),
+    (torch.tensor([0, 1]), tileattn.Error, r"cache_leftpad has dtype int64, expected int32"),
+])
+def test_cache_leftpad_errors_name_it(gen, leftpad, error, match):
+    """A negative pad would start a sequence in the row before its own (a valid page to every later
+    check), a pad past cache_seqlens a negative length: both refused, before the cache is written."""
+    k_cache, v_cache = (randn(gen, (2, 16, 2, 32), F32, "cpu") for _ in range(2))
+    q, k_new = randn(gen, (2, 1, 2, 32), F32, "cpu"), randn(gen, (2, 1, 2, 32), F32, "cpu")
+    before = k_cache.clone()
+    pad = leftpad if torch.is_tensor(leftpad) else torch.tensor(leftpad, dtype=torch.int32)
+    with pytest.raises(error, match=f"tileattn.flash_attn_with_kvcache: {match}"):
+        tileattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=k_new,
+                                         cache_seqlens=torch.tensor([10, 10], dtype=torch.int32), cache_leftpad=pad)
+    assert torch.equal(k_cache, before)
+
+
 def test_rotary_table_of_capacity_rows(gen):
     """flash_attn's bound: rotary_cos.shape[0] >= the cache capacity, even for several causal query rows
     with no append (the core's own bound counts the rows past it)."""

@@ -403,6 +403,21 @@ def test_flex_attention_arguments_name_themselves(kw, error, match):
         tileattn.flex_attention(q, q, q, **kw)
 
 
+@pytest.mark.parametrize("size,error,match", [
+    ((32.0, 32), TypeError, r"block_mask.BLOCK_SIZE\[0\] = 32.0 is a float, expected an int"),
+    ((32, 2**40), tileattn.Error, r"block_mask.BLOCK_SIZE\[1\] = 1099511627776 is outside"),
+    ((32, 32, 32), TypeError, r"block_mask.BLOCK_SIZE = \(32, 32, 32\), expected an int or a pair"),
+])
+def test_flex_attention_block_size_names_itself(size, error, match):
+    """A BlockMask's BLOCK_SIZE is checked as block_size is: no float truncated, no overflow."""
+    torch, flex = _flex()
+    q = torch.randn(1, 2, 64, 16)
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 64, 64, device="cpu", BLOCK_SIZE=32)
+    bm.BLOCK_SIZE = size
+    with pytest.raises(error, match=f"tileattn.flex_attention: {match}"):
+        tileattn.flex_attention(q, q, q, bm)
+
+
 @pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "dense-mask"])
 def test_flex_attention_on_cuda_matches_reference(kind):
     """CUDA tensors in bf16: out and gradients against the float64 reference with the same mask
