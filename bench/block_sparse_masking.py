@@ -30,18 +30,15 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 import block_sparse as grid
 import tileattn
+from tileattn._implied_masks import cells
 from record_commit import record_commit
 
 
 def listed_full(bm, block, seqlen, batch, heads):
     """The BlockMask that lists every block bm visits (partly or fully) as fully visible."""
     nb = -(-seqlen // block)
-    num = bm.kv_num_blocks
-    table = torch.zeros(*num.shape[:2], nb, nb + 1, dtype=torch.int8, device=num.device)
-    for n, idx in ((bm.kv_num_blocks, bm.kv_indices), (bm.full_kv_num_blocks, bm.full_kv_indices)):
-        listed = torch.arange(idx.shape[-1], device=idx.device) < n[..., None]
-        table.scatter_(-1, torch.where(listed, idx.long(), nb), 1)  # unlisted slots: the spare column
-    table = table[..., :nb].bool().expand(batch, heads, nb, nb).contiguous()
+    lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+    table = (cells(lists, nb, nb) > 0).expand(batch, heads, nb, nb).contiguous()
     return grid.from_table(table, block, seqlen, None)
 
 

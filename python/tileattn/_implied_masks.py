@@ -11,7 +11,7 @@ blocks. Decided once per mask, where its first use copies it to the host anyway 
 import torch
 
 
-def _cells(lists, rows, cols):
+def cells(lists, rows, cols):
     """[B, H, rows, cols] int8: 0 skipped, 1 partly visible, 2 fully visible (full lists last)."""
     num = lists[0]
     state = torch.zeros(*num.shape[:2], rows, cols + 1, dtype=torch.int8, device=num.device)
@@ -55,6 +55,6 @@ def implied(lists, sq, sk, block_q, block_k, causal, top_left, left, right):
     under the rule and every full block wholly visible. One synchronization."""
     rows, cols = -(-sq // block_q), -(-sk // block_k)
     skip, full = _rule_blocks(sq, sk, block_q, block_k, causal, top_left, left, right, lists[0].device)
-    state = _cells(lists, rows, cols)
+    state = cells(lists, rows, cols)
     wrong = ((state == 0) & ~skip) | ((state == 2) & ~full)
     return not bool(wrong.any())
