@@ -17,8 +17,8 @@ import sys
 
 from . import _C
 from ._C import Backend, Error, MaskAlign, MemoryStats, Options, build_info, memory_stats, num_threads, \
-    reset_peak_memory, set_num_threads
-from ._config import use_backend
+    reset_peak_memory
+from ._config import set_num_threads, use_backend
 from ._flash_api import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, \
     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, \
     flash_attn_with_kvcache

@@ -13,7 +13,6 @@ from ._C import Options as Options
 from ._C import memory_stats as memory_stats
 from ._C import num_threads as num_threads
 from ._C import reset_peak_memory as reset_peak_memory
-from ._C import set_num_threads as set_num_threads
 
 _Array = Any
 _BackendName = Literal["auto", "cpu_flash", "cpu_reference", "cuda"]
@@ -26,6 +25,8 @@ class Error(ValueError, RuntimeError): ...
 __all__: list[str]
 
 def use_backend(name: _BackendName) -> AbstractContextManager[None]: ...
+# The CPU backend's threads: n >= 1, or 0 for the hardware concurrency.
+def set_num_threads(n: int) -> None: ...
 
 # flash_attn's functions: out, or (out, softmax_lse, None) with return_attn_probs=True.
 @overload

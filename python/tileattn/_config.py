@@ -6,6 +6,8 @@ attributes without a graph break.
 
 import contextlib
 
+from . import _C, _checks
+
 backend = "auto"
 
 
@@ -19,3 +21,8 @@ def use_backend(name):
         yield
     finally:
         backend = saved
+
+
+def set_num_threads(n):
+    """The CPU backend's threads (its persistent pool): n >= 1, or 0 for the hardware concurrency."""
+    _C.set_num_threads(_checks.integer("set_num_threads", "n", n, 0))

@@ -116,10 +116,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return _result(out, lse, return_attn_probs)
 
 
+def _packed(fn, name, x, at, count, layout):
+    """Checks a packed array: its rank (layout's) and dimension `at` of size `count`, which, larger,
+    would otherwise be read in part without an error."""
+    _checks.array(fn, name, x)
+    if len(x.shape) != layout.count(",") + 1 or x.shape[at] != count:
+        raise _C.Error(f"tileattn.{fn}: {name} has shape {tuple(x.shape)}, expected {layout}")
+
+
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv (batch, seqlen, 3, nheads, d); otherwise as flash_attn_func."""
-    _checks.array("flash_attn_qkvpacked_func", "qkv", qkv)
+    _packed("flash_attn_qkvpacked_func", "qkv", qkv, 2, 3, "(batch, seqlen, 3, nheads, d)")
     out, lse = _attend("flash_attn_qkvpacked_func", qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0,
                        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                        need_lse=return_attn_probs)
@@ -129,7 +137,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (batch, seqlen_q, nheads, d), kv (batch, seqlen_k, 2, nheads_k, d); as flash_attn_func."""
-    _checks.array("flash_attn_kvpacked_func", "kv", kv)
+    _packed("flash_attn_kvpacked_func", "kv", kv, 2, 2, "(batch, seqlen_k, 2, nheads_k, d)")
     out, lse = _attend("flash_attn_kvpacked_func", q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p,
                        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                        need_lse=return_attn_probs)
@@ -160,7 +168,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     """qkv (total, 3, nheads, d), cu_seqlens int32 (batch + 1,); as flash_attn_varlen_func."""
-    _checks.array("flash_attn_varlen_qkvpacked_func", "qkv", qkv)
+    _packed("flash_attn_varlen_qkvpacked_func", "qkv", qkv, 1, 3, "(total, 3, nheads, d)")
     out, lse = _attend("flash_attn_varlen_qkvpacked_func", qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                        max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, need_lse=return_attn_probs)
@@ -171,7 +179,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (total_q, nheads, d), kv (total_k, 2, nheads_k, d); as flash_attn_varlen_func."""
-    _checks.array("flash_attn_varlen_kvpacked_func", "kv", kv)
+    _packed("flash_attn_varlen_kvpacked_func", "kv", kv, 1, 2, "(total_k, 2, nheads_k, d)")
     out, lse = _attend("flash_attn_varlen_kvpacked_func", q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
                        alibi_slopes, deterministic, need_lse=return_attn_probs)

@@ -113,11 +113,11 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
 
 
 def _keep(mask):
-    """An additive mask of 0 and -inf as a boolean one; finite nonzero values are refused."""
+    """An additive mask of 0 and -inf as a boolean one; other values (a bias, +inf, NaN) are refused."""
     keep = mask == 0
     if not bool((keep | (mask == float("-inf"))).all()):
-        raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with finite nonzero values (a bias); "
-                       "tileattn takes boolean masks and additive masks of 0 and -inf only")
+        raise _C.Error(f"tileattn.{_FN}: attn_mask is an additive mask with values other than 0 and -inf (a bias, "
+                       "+inf or NaN); tileattn takes boolean masks and additive masks of 0 and -inf only")
     return keep
 
 

@@ -5,10 +5,13 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "tileattn/attention.hpp"
+#include "tileattn/error.hpp"
 
 namespace tileattn {
 namespace cpu {
@@ -25,19 +28,20 @@ class Pool {
     return static_cast<int>(workers_.size()) + 1;
   }
 
-  void resize(int threads) {
+  // Returns false, with the pool back at its former size, where the system cannot start that many
+  // threads.
+  bool resize(int threads) {
     std::lock_guard<std::mutex> g(job_mutex_);
-    {
-      std::lock_guard<std::mutex> l(m_);
-      stop_ = true;
-      ++generation_;
+    const int before = static_cast<int>(workers_.size()) + 1;
+    stop_workers();
+    try {
+      start_workers(threads);
+      return true;
+    } catch (const std::system_error&) {
+      stop_workers();
+      start_workers(before);
+      return false;
     }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
-    workers_.clear();
-    stop_ = false;
-    // A worker starts from the current generation so it cannot miss a job posted before it runs.
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, g = generation_] { loop(g); });
   }
 
   void run(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body) {
@@ -78,6 +82,23 @@ class Pool {
         next_.store(n_);
       }
     }
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+    stop_ = false;
+  }
+
+  void start_workers(int threads) {
+    // A worker starts from the current generation so it cannot miss a job posted before it runs.
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, g = generation_] { loop(g); });
   }
 
   void loop(std::uint64_t seen) {
@@ -142,7 +163,13 @@ void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::in
 
 }  // namespace cpu
 
-void set_num_threads(int n) { cpu::pool().resize(n > 0 ? n : cpu::default_threads()); }
+void set_num_threads(int n) {
+  const std::string what = "tileattn::set_num_threads: n = " + std::to_string(n);
+  if (n < 0) throw Error(what + ", expected >= 0 (0 = hardware concurrency)");
+  if (!cpu::pool().resize(n > 0 ? n : cpu::default_threads()))
+    throw Error(what + ": the system could not start that many threads; the pool keeps its " +
+                std::to_string(num_threads()));
+}
 int num_threads() { return cpu::pool().size(); }
 void set_parallel_for(ParallelFor fn) {
   std::lock_guard<std::mutex> g(cpu::g_hook_mutex);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -71,6 +72,17 @@ TEST_F(Parallel, UsesSeveralThreads) {
   });
   std::sort(ids.begin(), ids.end());
   EXPECT_GT(std::unique(ids.begin(), ids.end()) - ids.begin(), 1);
+}
+
+TEST_F(Parallel, NegativeThreadCountsAreRefused) {
+  set_num_threads(3);
+  try {
+    set_num_threads(-1);
+    FAIL() << "set_num_threads(-1) was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_num_threads: n = -1, expected >= 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(num_threads(), 3);
 }
 
 TEST_F(Parallel, ExceptionsPropagateAndThePoolSurvives) {

@@ -368,6 +368,11 @@ def test_workspace_sizes_and_runtime():
     saved = tileattn.num_threads()
     tileattn.set_num_threads(1)
     assert tileattn.num_threads() == 1
+    with pytest.raises(tileattn.Error, match=r"set_num_threads: n = -1 is outside \[0, 2147483647\]"):
+        tileattn.set_num_threads(-1)
+    with pytest.raises(TypeError, match=r"set_num_threads: n = 1.5 is a float, expected an int"):
+        tileattn.set_num_threads(1.5)
+    assert tileattn.num_threads() == 1
     tileattn.set_num_threads(saved)
 
 
