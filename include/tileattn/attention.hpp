@@ -150,7 +150,9 @@ void reset_peak_memory();
 // when all are done.
 using ParallelFor =
     std::function<void(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body)>;
-void set_num_threads(int n);  // 0 = hardware concurrency
+// n >= 1 threads, or 0 for the hardware concurrency; throws Error for n < 0, and where the system
+// cannot start n threads (the pool then keeps its size).
+void set_num_threads(int n);
 int num_threads();
 void set_parallel_for(ParallelFor fn);  // empty function = the library's pool
 
