@@ -103,12 +103,16 @@ def _page_rows(fn, pages, block_table, cu):
 
 
 
-def check_leftpad(fn, cache_leftpad, cache_seqlens, batch, check_device_values):
-    """cache_leftpad int32 [batch] with 0 <= cache_leftpad[b] <= cache_seqlens[b]: its page table
-    would otherwise start a sequence in another one's rows, which no later check can tell from a
-    valid table. Values on a GPU are read (a synchronization) only where check_device_values, as the
-    core reads cache_seqlens."""
-    for name, x in (("cache_leftpad", cache_leftpad), ("cache_seqlens", cache_seqlens)):
+def check_leftpad(fn, cache_leftpad, cache_seqlens, cache_batch_idx, rows, batch, check_device_values):
+    """cache_leftpad int32 [batch] with 0 <= cache_leftpad[b] <= cache_seqlens[b], and cache_batch_idx
+    (where given) in [0, rows): the page table built from them would otherwise start a sequence in
+    another one's rows, which no later check can tell from a valid table, or name a page that only
+    its own error would name. Values on a GPU are read (one synchronization) only where
+    check_device_values, as the core reads cache_seqlens."""
+    named = [("cache_leftpad", cache_leftpad), ("cache_seqlens", cache_seqlens)]
+    if cache_batch_idx is not None:
+        named.append(("cache_batch_idx", cache_batch_idx))
+    for name, x in named:
         if tuple(x.shape) != (batch,):
             raise _C.Error(f"tileattn.{fn}: {name} has shape {tuple(x.shape)}, expected ({batch},) (batch)")
     dtype = str(cache_leftpad.dtype).rpartition(".")[2]
@@ -119,15 +123,18 @@ def check_leftpad(fn, cache_leftpad, cache_seqlens, batch, check_device_values):
         return
     if is_torch(cache_leftpad):
         import torch
-        both = torch.stack([cache_leftpad, cache_seqlens.to(cache_leftpad.device, torch.int32)])
+        both = torch.stack([x.to(cache_leftpad.device, torch.int32) for _, x in named])
     else:
         xp = _np(cache_leftpad)
-        both = xp.stack([cache_leftpad, xp.asarray(cache_seqlens, dtype=xp.int32)])
-    pads, lens = (both.get() if library(both) == "cupy" else both).tolist()  # one copy
-    for b, (pad, n) in enumerate(zip(pads, lens)):
+        both = xp.stack([xp.asarray(x, dtype=xp.int32) for _, x in named])
+    values = (both.get() if library(both) == "cupy" else both).tolist()  # one copy
+    for b, (pad, n) in enumerate(zip(values[0], values[1])):
         if not 0 <= pad <= n:
             raise _C.Error(f"tileattn.{fn}: cache_leftpad[{b}] = {pad}, expected 0 <= cache_leftpad[b] <= "
                            f"cache_seqlens[b] = {n}")
+    for b, i in enumerate(values[2] if cache_batch_idx is not None else ()):
+        if not 0 <= i < rows:
+            raise _C.Error(f"tileattn.{fn}: cache_batch_idx[{b}] = {i} is outside [0, {rows}) (k_cache.shape[0])")
 
 
 def leftpad_table(fn, k_cache, cache_leftpad, cache_batch_idx, batch):

@@ -281,7 +281,8 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     if cache_leftpad is not None:
         _checks.array(fn, "cache_seqlens", cache_seqlens)
-        _adapt.check_leftpad(fn, cache_leftpad, cache_seqlens, batch, check_device_indices)
+        _adapt.check_leftpad(fn, cache_leftpad, cache_seqlens, cache_batch_idx, k_cache.shape[0], batch,
+                             check_device_indices)
         # One-row pages: sequence b reads rows cache_leftpad[b] .. cache_seqlens[b] of its cache row.
         page_table = _adapt.leftpad_table(fn, k_cache, cache_leftpad, cache_batch_idx, batch)
         k_cache, v_cache = _adapt.one_row_pages(fn, "k_cache", k_cache), _adapt.one_row_pages(fn, "v_cache", v_cache)

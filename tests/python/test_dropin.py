@@ -169,17 +169,23 @@ def test_cache_leftpad(gen, rotary, interleaved):
     ([11, 0], tileattn.Error, r"cache_leftpad\[0\] = 11, expected 0 <= cache_leftpad\[b\] <= cache_seqlens\[b\] = 10"),
     ([0, 0, 0], tileattn.Error, r"cache_leftpad has shape \(3,\), expected \(2,\) \(batch\)"),
     (torch.tensor([0, 1]), tileattn.Error, r"cache_leftpad has dtype int64, expected int32"),
+    (([0, 0], [0, 2]), tileattn.Error, r"cache_batch_idx\[1\] = 2 is outside \[0, 2\) \(k_cache.shape\[0\]\)"),
+    (([0, 0], [-1, 0]), tileattn.Error, r"cache_batch_idx\[0\] = -1 is outside \[0, 2\)"),
 ])
 def test_cache_leftpad_errors_name_it(gen, leftpad, error, match):
     """A negative pad would start a sequence in the row before its own (a valid page to every later
-    check), a pad past cache_seqlens a negative length: both refused, before the cache is written."""
+    check), a pad past cache_seqlens a negative length: both refused, and a cache_batch_idx out of
+    range named as such, before the cache is written."""
     k_cache, v_cache = (randn(gen, (2, 16, 2, 32), F32, "cpu") for _ in range(2))
     q, k_new = randn(gen, (2, 1, 2, 32), F32, "cpu"), randn(gen, (2, 1, 2, 32), F32, "cpu")
     before = k_cache.clone()
+    leftpad, batch_idx = leftpad if isinstance(leftpad, tuple) else (leftpad, None)
     pad = leftpad if torch.is_tensor(leftpad) else torch.tensor(leftpad, dtype=torch.int32)
+    idx = None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32)
     with pytest.raises(error, match=f"tileattn.flash_attn_with_kvcache: {match}"):
         tileattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=k_new,
-                                         cache_seqlens=torch.tensor([10, 10], dtype=torch.int32), cache_leftpad=pad)
+                                         cache_seqlens=torch.tensor([10, 10], dtype=torch.int32), cache_leftpad=pad,
+                                         cache_batch_idx=idx)
     assert torch.equal(k_cache, before)
 
 
