@@ -57,9 +57,19 @@ def _pieces(layout, world, n, dim_name="the sequence"):
     return parts
 
 
+def _dim(fn, x, dim, name="x"):
+    dim = _checks.integer(f"distributed.{fn}", "dim", dim)
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"tileattn.distributed.{fn}: dim = {dim} is outside {name}'s {x.ndim} dimensions")
+    return dim % x.ndim
+
+
 def shard(x, rank, world_size, *, layout="contiguous", dim=1):
     """Rank's shard of the whole sequence x along dim: a contiguous slice, or for "zigzag" chunks rank
     and 2 * world_size - 1 - rank of 2 * world_size, concatenated."""
+    rank = _checks.integer("distributed.shard", "rank", rank)
+    world_size = _checks.integer("distributed.shard", "world_size", world_size)
+    dim = _dim("shard", x, dim)
     if not 0 <= rank < world_size:
         raise ValueError(f"tileattn.distributed.shard: rank = {rank}, expected 0 <= rank < world_size = {world_size}")
     parts = _pieces(layout, world_size, x.shape[dim], f"x.shape[{dim}]")
@@ -73,6 +83,13 @@ def unshard(shards, *, layout="contiguous", dim=1):
     """The whole sequence from every rank's shard (a list in rank order): shard's inverse."""
     _check_layout(layout)
     shards = list(shards)
+    if not shards:
+        raise ValueError("tileattn.distributed.unshard: shards is empty, expected every rank's shard")
+    dim = _dim("unshard", shards[0], dim, "shards[0]")
+    for r, s in enumerate(shards):
+        if tuple(s.shape) != tuple(shards[0].shape):
+            raise ValueError(f"tileattn.distributed.unshard: shards[{r}] has shape {tuple(s.shape)} and shards[0] "
+                             f"{tuple(shards[0].shape)}; every rank's shard has the same shape")
     if layout == "contiguous":
         return torch.cat(shards, dim)
     for r, s in enumerate(shards):

@@ -281,6 +281,21 @@ def test_shard_unshard_round_trip():
         cp.shard(x, 0, 5, layout="zigzag")
 
 
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x: cp.shard(x, 0, 2, dim=7), ValueError, r"shard: dim = 7 is outside x's 2 dimensions"),
+    (lambda x: cp.shard(x, 1.5, 2), TypeError, r"distributed.shard: rank = 1.5 is a float, expected an int"),
+    (lambda x: cp.unshard([]), ValueError, r"unshard: shards is empty"),
+    (lambda x: cp.unshard([x[:, :12], x[:, :10]]), ValueError,
+     r"unshard: shards\[1\] has shape \(2, 10\) and shards\[0\] \(2, 12\); every rank's shard has the same"),
+    (lambda x: cp.unshard([x[:, :12], x[:, :10]], layout="zigzag"), ValueError, r"shards\[1\] has shape"),
+])
+def test_shard_unshard_errors_name_the_argument(call, error, match):
+    """A dim past the tensor, a float rank, no shards, or shards of unequal shapes (which unshard
+    would have joined into a sequence no sharding makes) are refused by name."""
+    with pytest.raises(error, match=match):
+        call(torch.arange(2 * 24).reshape(2, 24))
+
+
 def test_benchmark_smoke_run(tmp_path):
     """bench/context_parallel.py --smoke: the benchmark's whole path on 2 gloo processes, tiny sizes."""
     import json
