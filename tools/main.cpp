@@ -1,6 +1,7 @@
 // The `tileattn` command: subcommands bench, peak and version.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ int main(int argc, char** argv) {
     return tileattn::tools::run_bench(tileattn::tools::parse_bench_args(flags));
   } catch (const tileattn::tools::UsageError& e) {
     return usage_error(e.what(), "run 'tileattn bench --help' for the flags\n");
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tileattn bench: not enough memory for this problem's tensors (see --batch, --heads, --seqlen, "
+                         "--hdim)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tileattn bench: %s\n", e.what());
     return 1;
