@@ -5,7 +5,13 @@ listed as full (no element mask at all), beside random blocks; forward and backw
 
 usage: python3 bench/block_sparse_masking.py OUT.json [--device cuda|cpu] [--dtype bf16] [--tokens 16384]
            [--width 2048] [--hdims 64,128] [--seqlen 8192] [--block 128] [--window 1024] [--iters N]
-           [--commit SHA]
+           [--commit SHA] [--build NAME] [--run N]
+       python3 bench/block_sparse_masking.py --merge OUT.json RECORD.json...
+
+--build and --run tag the rows (which package ran them, in which of several processes), for an A/B
+of two builds run alternately; --merge joins such records into one and prints, per case and pass,
+the candidate build's time over the base's (the faster run of each side), or each row's time where
+there is one build.
 
 Shapes and patterns as bench/block_sparse.py builds them (batch = tokens / seqlen, heads = width /
 hdim). Cases, each a row per pass with its `case`:
@@ -75,7 +81,10 @@ def main():
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=None, help="timed calls per row (default: 20 on a GPU, 3 on a CPU)")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--build", default=None, help="the rows' build tag (an A/B's base or candidate)")
+    ap.add_argument("--run", type=int, default=None, help="the rows' run number (an A/B's process)")
     a = ap.parse_args()
+    tags = {k: v for k, v in (("build", a.build), ("run", a.run)) if v is not None}
     device, dtype, seqlen = a.device, grid.DTYPES[a.dtype], a.seqlen
     iters = a.iters or (20 if device == "cuda" else 3)
     run = grid.timer(device)
@@ -98,7 +107,7 @@ def main():
                             ("bwd", lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))):
                 ms, more = run(fn, iters)
                 rows.append(dict(grid="block_sparse_masking", impl="tileattn", case=case, **{"pass": pas}, **shape,
-                                 density=round(grid.density_of(bm), 4), ms=ms, **more))
+                                 density=round(grid.density_of(bm), 4), ms=ms, **more, **tags))
                 kern = f" (kernels {more['kernel_ms']:.3f})" if more["kernel_ms"] is not None else ""
                 print(f"hdim {hdim:3d} {case:20s} {pas}: {ms:8.3f} ms{kern}", file=sys.stderr)
             del out
@@ -106,5 +115,27 @@ def main():
         json.dump(record, f, indent=1)
 
 
+def merge(out, paths):
+    """Joins the records at paths into out (the first one's header) and prints the comparison."""
+    records = [json.load(open(p)) for p in paths]
+    record = dict(records[0], rows=[r for rec in records for r in rec["rows"]])
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    best = {}
+    for r in record["rows"]:
+        key = (r["hdim"], r["case"], r["pass"], r.get("build", "base"))
+        t = r["kernel_ms"] if r.get("kernel_ms") is not None else r["ms"]
+        best[key] = min(best.get(key, t), t)
+    for (hdim, case, pas, build), t in best.items():
+        if build != "base":
+            continue
+        cand = best.get((hdim, case, pas, "candidate"))
+        ratio = f", candidate {cand:.3f} ms: {cand / t:.3f}" if cand is not None else ""
+        print(f"hdim {hdim} {case} {pas}: base {t:.3f} ms{ratio}")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--merge":
+        merge(sys.argv[2], sys.argv[3:])
+    else:
+        main()

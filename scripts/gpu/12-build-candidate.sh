@@ -6,19 +6,15 @@
 # the build step's CMake arguments into $BUILD-candidate; skipped when TILEATTN_CANDIDATE is unset.
 set -euo pipefail
 [ -n "${TILEATTN_CANDIDATE:-}" ] || { echo "TILEATTN_CANDIDATE is unset: no candidate build"; exit 0; }
+. "$ROOT/scripts/gpu/build_tree.sh"
 patch_file=$(cd "$ROOT" && realpath "$TILEATTN_CANDIDATE")
 src="$BUILD-candidate-src"
-rm -rf "$src" && mkdir -p "$src"
-tar -C "$ROOT" --exclude='./build*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -C "$src" -xf -
-ln -s "$ROOT/.deps" "$src/.deps"
+candidate_tree "$src"
 # tar keeps the files' times, so a build directory left by another patch would keep the objects of
 # files that patch changed and this one does not: start it afresh whenever the patch differs.
 stamp="$BUILD-candidate/candidate.sha256"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum <"$patch_file")" ]; then rm -rf "$BUILD-candidate"; fi
-# A repository of its own, so that git apply patches this copy whatever repository holds it.
-git -C "$src" init -q && git -C "$src" apply "$patch_file"
 echo "candidate: $TILEATTN_CANDIDATE ($(grep -c '^diff --git' "$patch_file") files) ${TILEATTN_CANDIDATE_COMMIT:-}" \
   | tee -a "$OUT/summary.txt"
-. "$ROOT/scripts/gpu/build_tree.sh"
 build_tree "$src" "$BUILD-candidate" "$OUT/build-candidate.log" candidate --target tileattn_gpu_bench
 sha256sum <"$patch_file" >"$stamp"

@@ -1,4 +1,6 @@
 # Sourced by the build steps (not a step itself: no number in its name).
+# candidate_tree SRC: SRC made a copy of this tree with TILEATTN_CANDIDATE's patch applied (the
+# candidate that the build-candidate and python-install steps build beside this tree).
 # build_tree SRC BUILDDIR LOG LABEL [cmake --build arguments...]: configures SRC into BUILDDIR with the
 # CUDA backend on and CMAKE_ARGS, builds (all cores; the arguments may name targets), writes the log
 # to LOG and adds to the summary what ptxas said of the kernels this build compiled (kernel_report;
@@ -33,4 +35,14 @@ build_tree() {
   cmake --build "$build" -j "$(nproc)" "$@" >>"$log" 2>&1 || { tail -n 60 "$log"; return 1; }
   python3 "$ROOT/scripts/gpu/source_times.py" save "$src" "$build/source-times.txt"
   kernel_report "$log" "$label"
+}
+
+candidate_tree() {
+  local src=$1 patch_file
+  patch_file=$(cd "$ROOT" && realpath "$TILEATTN_CANDIDATE")
+  rm -rf "$src" && mkdir -p "$src"
+  tar -C "$ROOT" --exclude='./build*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -C "$src" -xf -
+  ln -s "$ROOT/.deps" "$src/.deps"
+  # A repository of its own, so that git apply patches this copy whatever repository holds it.
+  git -C "$src" init -q && git -C "$src" apply "$patch_file"
 }

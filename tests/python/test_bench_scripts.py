@@ -65,10 +65,18 @@ def test_block_sparse_record(tmp_path):
 
 
 def test_block_sparse_masking_record(tmp_path):
-    """Every case of both patterns and random blocks, both passes, on a few CPU calls."""
+    """Every case of both patterns and random blocks, both passes, on a few CPU calls; two runs tagged
+    as an A/B's sides and merged, with the candidate / base line per case and pass."""
+    small = ("--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--width", "32", "--hdims", "16", "--seqlen",
+             "128", "--block", "64", "--window", "64", "--iters", "1")
     out = tmp_path / "masking.json"
-    _run("block_sparse_masking.py", str(out), "--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--width",
-         "32", "--hdims", "16", "--seqlen", "128", "--block", "64", "--window", "64", "--iters", "1")
+    _run("block_sparse_masking.py", str(out), *small, "--build", "base", "--run", "1")
+    _run("block_sparse_masking.py", str(tmp_path / "cand.json"), *small, "--build", "candidate", "--run", "2")
+    merged = _run("block_sparse_masking.py", "--merge", str(tmp_path / "ab.json"), str(out), str(tmp_path / "cand.json"))
+    lines = merged.stdout.splitlines()
+    assert len(lines) == 18 and all(": base " in x and ", candidate " in x for x in lines)
+    ab = json.loads((tmp_path / "ab.json").read_text())["rows"]
+    assert {(r["build"], r["run"]) for r in ab} == {("base", 1), ("candidate", 2)} and len(ab) == 36
     rows = json.loads(out.read_text())["rows"]
     assert len({r["case"] for r in rows}) == 9 and {r["pass"] for r in rows} == {"fwd", "bwd"}
     assert all(r["grid"] == "block_sparse_masking" and r["ms"] > 0 for r in rows)

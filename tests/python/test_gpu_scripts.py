@@ -54,3 +54,26 @@ def test_gpu_pack_takes_the_programs_and_ctest_files_of_both_builds(tmp_path):
                    capture_output=True, text=True, timeout=60, cwd=tmp_path / "out")
     with tarfile.open(archive) as t:
         assert sorted(t.getnames()) == sorted(files)
+
+
+def test_candidate_tree_copies_the_tree_with_the_patch_applied(tmp_path):
+    """build_tree.sh's candidate_tree (the build-candidate and python-install steps' patched copy):
+    the tree without its build folders, .deps linked, TILEATTN_CANDIDATE's patch applied."""
+    import shutil
+    root = tmp_path / "tree"
+    (root / "scripts" / "gpu").mkdir(parents=True)
+    shutil.copy(os.path.join(SCRIPTS, "build_tree.sh"), root / "scripts" / "gpu" / "build_tree.sh")
+    (root / "src").mkdir()
+    (root / "src" / "a.txt").write_text("one\n")
+    (root / "build-gpu").mkdir()
+    (root / "build-gpu" / "x.o").write_text("o")
+    (root / ".deps").mkdir()
+    (root / "c.patch").write_text("diff --git a/src/a.txt b/src/a.txt\n--- a/src/a.txt\n+++ b/src/a.txt\n"
+                                  "@@ -1 +1 @@\n-one\n+two\n")
+    copy = tmp_path / "copy"
+    env = dict(os.environ, ROOT=str(root), TILEATTN_CANDIDATE="c.patch")
+    subprocess.run(["bash", "-c", f'. "$ROOT/scripts/gpu/build_tree.sh" && candidate_tree "{copy}"'], check=True,
+                   env=env, capture_output=True, text=True, timeout=60)
+    assert (copy / "src" / "a.txt").read_text() == "two\n"
+    assert (root / "src" / "a.txt").read_text() == "one\n"
+    assert not (copy / "build-gpu").exists() and (copy / ".deps").is_symlink()
