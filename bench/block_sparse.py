@@ -54,12 +54,13 @@ from record_commit import record_commit
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def timer(device):
+def timer(device, kernel_times=True):
     """fn() per call: (ms, more). ms: the median of iters after warm-ups, CUDA events on a GPU, wall
     clock on a CPU. more, on a GPU: kernel_ms, the device time of the kernels a call launched
     (torch.profiler over a few more calls: the events also count any wait inside a call, such as a
-    synchronizing allocation), and the caching allocator's cudaMalloc calls and retries during the
-    timed calls (device_allocs, alloc_retries); None on a CPU."""
+    synchronizing allocation; None without kernel_times, as under ncu, which holds the profiling
+    interface), and the caching allocator's cudaMalloc calls and retries during the timed calls
+    (device_allocs, alloc_retries); None on a CPU."""
     def run(fn, iters):
         for _ in range(2):
             fn()
@@ -75,7 +76,7 @@ def timer(device):
             torch.cuda.synchronize()
             after = torch.cuda.memory_stats()
             ms = statistics.median(a.elapsed_time(b) for a, b in zip(start, stop))
-            more = {"kernel_ms": kernel_ms(fn),
+            more = {"kernel_ms": kernel_ms(fn) if kernel_times else None,
                      "device_allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
                      "alloc_retries": after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)}
             return ms, more

@@ -5,10 +5,12 @@ listed as full (no element mask at all), beside random blocks; forward and backw
 
 usage: python3 bench/block_sparse_masking.py OUT.json [--device cuda|cpu] [--dtype bf16] [--tokens 16384]
            [--width 2048] [--hdims 64,128] [--seqlen 8192] [--block 128] [--window 1024] [--iters N]
-           [--commit SHA] [--build NAME] [--run N]
+           [--commit SHA] [--build NAME] [--run N] [--cases NAME,...] [--passes fwd,bwd] [--no-kernel-times]
        python3 bench/block_sparse_masking.py --merge OUT.json RECORD.json...
 
---build and --run tag the rows (which package ran them, in which of several processes), for an A/B
+--cases (names as below, spaces optional: documents:rule) and --passes run a part, and
+--no-kernel-times leaves out the profiler's kernel times: for an ncu profile of one case
+(scripts/gpu/48-profile.sh's py: form). --build and --run tag the rows (which package ran them, in which of several processes), for an A/B
 of two builds run alternately; --merge joins such records into one and prints, per case and pass,
 the candidate build's time over the base's (the faster run of each side), or each row's time where
 there is one build.
@@ -83,11 +85,16 @@ def main():
     ap.add_argument("--commit", default=None)
     ap.add_argument("--build", default=None, help="the rows' build tag (an A/B's base or candidate)")
     ap.add_argument("--run", type=int, default=None, help="the rows' run number (an A/B's process)")
+    ap.add_argument("--cases", default=None, help="comma list of case names (spaces optional)")
+    ap.add_argument("--passes", default="fwd,bwd")
+    ap.add_argument("--no-kernel-times", action="store_true", help="no torch.profiler (under ncu)")
     a = ap.parse_args()
     tags = {k: v for k, v in (("build", a.build), ("run", a.run)) if v is not None}
+    wanted = None if a.cases is None else {c.replace(" ", "") for c in a.cases.split(",")}
+    passes = a.passes.split(",")
     device, dtype, seqlen = a.device, grid.DTYPES[a.dtype], a.seqlen
     iters = a.iters or (20 if device == "cuda" else 3)
-    run = grid.timer(device)
+    run = grid.timer(device, kernel_times=not a.no_kernel_times)
     gen = torch.Generator().manual_seed(0)
     rows = []
     record = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -100,11 +107,15 @@ def main():
         dout = torch.randn_like(q)
         qd, kd, vd = (x.detach() for x in (q, k, v))
         for case, bm, kw in cases(batch, heads, seqlen, a.block, a.window, device, gen):
+            if wanted is not None and case.replace(" ", "") not in wanted:
+                continue
             shape = {"dtype": a.dtype, "batch": batch, "seqlen_q": seqlen, "seqlen_k": seqlen, "heads_q": heads,
                      "heads_kv": heads, "hdim": hdim, "block_size": a.block}
             out = tileattn.flex_attention(q, k, v, block_mask=bm, **kw)
             for pas, fn in (("fwd", lambda: tileattn.flex_attention(qd, kd, vd, block_mask=bm, **kw)),
                             ("bwd", lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))):
+                if pas not in passes:
+                    continue
                 ms, more = run(fn, iters)
                 rows.append(dict(grid="block_sparse_masking", impl="tileattn", case=case, **{"pass": pas}, **shape,
                                  density=round(grid.density_of(bm), 4), ms=ms, **more, **tags))

@@ -4,20 +4,31 @@
 # ROW", for example "fwd_kernel_sm90 32:512:32:64:0" or "bwd_kernel_sm90 --backward 8:2048:16:128:1";
 # several separated by ';' are profiled in turn (profile-1, profile-2, ...; one alone writes
 # profile). Skipped when unset. Uses the build step's benchmark binary; with the build-candidate
-# step's program present, each is profiled on it too (candidate-profile...).
+# step's program present, each is profiled on it too (candidate-profile...). An entry whose second
+# word is py:SCRIPT runs that Python script with the rest as its arguments on the python-install
+# step's package (and the candidate's, where that step built one), for the kernels only Python calls
+# reach: "fwd_kernel_sm90 py:bench/block_sparse_masking.py x.json --hdims 128 --cases documents:rule
+# --passes fwd --no-kernel-times".
 set -euo pipefail
 [ -n "${TILEATTN_PROFILE:-}" ] || { echo "TILEATTN_PROFILE is unset: nothing to profile"; exit 0; }
 IFS=';' read -ra entries <<<"$TILEATTN_PROFILE"
-programs=("$BUILD/src/cuda/tileattn_gpu_bench")
-[ -n "${TILEATTN_CANDIDATE:-}" ] && programs+=("$BUILD-candidate/src/cuda/tileattn_gpu_bench")
-for program in "${programs[@]}"; do
-  prefix=$([ "$program" = "${programs[0]}" ] && echo profile || echo candidate-profile)
+sides=(base)
+[ -n "${TILEATTN_CANDIDATE:-}" ] && sides+=(candidate)
+for side in "${sides[@]}"; do
+  prefix=$([ "$side" = base ] && echo profile || echo candidate-profile)
+  suffix=$([ "$side" = base ] && echo "" || echo "-candidate")
   for i in "${!entries[@]}"; do
     name=$([ ${#entries[@]} -eq 1 ] && echo "$prefix" || echo "$prefix-$((i + 1))")
     read -r kernel rest <<<"${entries[$i]}"
-    # shellcheck disable=SC2086  # the bench options and row are separate words
-    ncu --kernel-name "regex:$kernel" --launch-skip 2 --launch-count 1 --set full --import-source no -f \
-      -o "$OUT/$name" "$program" --iters 3 $rest >"$OUT/$name.log" 2>&1
+    if [[ $rest == py:* ]]; then
+      rest=${rest#py:}
+      launch=(env "PYTHONPATH=$BUILD/python-site$suffix" python3)
+    else
+      launch=("$BUILD$suffix/src/cuda/tileattn_gpu_bench" --iters 3)
+    fi
+    # shellcheck disable=SC2086  # the bench options and row (or script and arguments) are separate words
+    (cd "$ROOT" && ncu --kernel-name "regex:$kernel" --launch-skip 2 --launch-count 1 --set full --import-source no \
+      -f -o "$OUT/$name" "${launch[@]}" $rest) >"$OUT/$name.log" 2>&1
     ncu -i "$OUT/$name.ncu-rep" --page details >"$OUT/$name-details.txt"
     ncu -i "$OUT/$name.ncu-rep" --page raw --csv >"$OUT/$name-raw.csv"
     ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name-source.csv"

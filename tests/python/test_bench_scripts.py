@@ -84,6 +84,12 @@ def test_block_sparse_masking_record(tmp_path):
     density = {r["case"]: r["density"] for r in rows}
     assert density["documents: full"] == density["documents: rule"]
     assert density["window: full"] == density["window: rule"]
+    # One case and pass alone, as an ncu profile runs it.
+    part = tmp_path / "part.json"
+    _run("block_sparse_masking.py", str(part), *small, "--cases", "documents:rule,random", "--passes", "fwd",
+         "--no-kernel-times")
+    assert {(r["case"], r["pass"]) for r in json.loads(part.read_text())["rows"]} == \
+        {("documents: rule", "fwd"), ("random", "fwd")}
 
 
 def test_ncu_stalls_reads_a_source_page(tmp_path):
