@@ -242,13 +242,14 @@ __device__ __forceinline__ void fwd_sm90_mma(const FwdParams& p, const FwdTile& 
     const int col0 = t.n * kBlockN;
     if constexpr (kMods) apply_score_mod(s, cS_rc, scored, g.m0, col0);
     if constexpr (decltype(masked)::value) {
-      if (!kVariant || t.mode == TileMask::rules)
+      if (!kVariant || t.mode == TileMask::rules) {
         if constexpr (kVariant)
           apply_mask(s, cS_rc, g.var, g.m0, col0, ranges);
         else
           apply_mask(s, cS_rc, g.var, g.m0, col0);
-      else
+      } else {
         apply_key_limit(s, cS_rc, g.sk - col0);
+      }
     }
     const bool grow = softmax.move_max(s, scale_log2, corr);
     softmax.exponentiate(s, scale_log2);
