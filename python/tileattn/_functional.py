@@ -29,16 +29,22 @@ def options(like, *, scale=None, causal=False, top_left=False, window_left=-1, w
     window_right = _checks.integer("options", "window_right", window_right)
     num_splits = _checks.integer("options", "num_splits", num_splits)
     sm_margin = _checks.integer("options", "sm_margin", sm_margin)
+    # Each argument by name (the binding's own error lists its whole signature instead).
+    scale = None if scale is None else _checks.number("options", "scale", scale)
+    softcap = _checks.number("options", "softcap", softcap)
+    dropout_p = _checks.number("options", "dropout_p", dropout_p)
+    seed = _checks.integer("options", "seed", seed, 0, 2**64 - 1)
+    offset = _checks.integer("options", "offset", offset, 0, 2**64 - 1)
     if isinstance(backend, str):
         if backend not in _BACKENDS:
             raise ValueError(f"tileattn: backend = {backend!r}, expected one of {sorted(_BACKENDS)}")
         backend = _BACKENDS[backend]
     o = _C.Options(
-        scale=scale, causal=causal,
+        scale=scale, causal=bool(causal),
         align=_C.MaskAlign.top_left if top_left else _C.MaskAlign.bottom_right,
         window_left=window_left, window_right=window_right, softcap=softcap, dropout_p=dropout_p,
-        seed=seed, offset=offset, deterministic=deterministic, backend=backend,
-        num_splits=num_splits, sm_margin=sm_margin, check_device_indices=check_device_indices,
+        seed=seed, offset=offset, deterministic=bool(deterministic), backend=backend,
+        num_splits=num_splits, sm_margin=sm_margin, check_device_indices=bool(check_device_indices),
         stream=current_stream(like))
     if alibi_diagonal is not None:
         o.alibi_diagonal = _checks.integer("options", "alibi_diagonal", alibi_diagonal)

@@ -252,6 +252,13 @@ BAD_ARGUMENTS = [
     (lambda: tileattn.flash_attn_varlen_kvpacked_func(t(4, 2, 16), t(4, 3, 2, 16), i32(0, 4), i32(0, 4), 4, 4),
      tileattn.Error, "flash_attn_varlen_kvpacked_func: kv has shape (4, 3, 2, 16), expected (total_k, 2, nheads_k, d)"),
     (lambda: tileattn.set_num_threads(2**40), tileattn.Error, "tileattn.set_num_threads: n = 1099511627776 is outside"),
+    # the array-level calls' options by name (the binding's error listed its whole signature)
+    (lambda: tileattn.forward(_q(), _q(), _q(), dropout_p="0.1"), TypeError,
+     "tileattn.options: dropout_p = '0.1' is a str, expected a number"),
+    (lambda: tileattn.forward(_q(), _q(), _q(), seed=-1), tileattn.Error,
+     "tileattn.options: seed = -1 is outside [0, 18446744073709551615]"),
+    (lambda: tileattn.forward(_q(), _q(), _q(), offset=2**64), tileattn.Error, "tileattn.options: offset = 18446744073709551616"),
+    (lambda: tileattn.forward(_q(), _q(), _q(), scale=[1.0]), TypeError, "tileattn.options: scale = [1.0] is a list"),
     (lambda: tileattn.flash_attn_func(_q(), _q(), _q(), softmax_scale="x"), TypeError, FA + "softmax_scale = 'x'"),
     (lambda: tileattn.scaled_dot_product_attention(_q(), _q(), _q(), scale="x"), TypeError,
      "tileattn.scaled_dot_product_attention: scale = 'x' is a str, expected a number"),
