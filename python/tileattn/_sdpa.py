@@ -91,6 +91,11 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
     if mask.dtype != torch.bool:  # on the mask's own shape: broadcasting first would materialize it whole
         if not mask.is_floating_point():
             raise _C.Error(f"tileattn.{_FN}: attn_mask has dtype {mask.dtype}, expected bool or a float dtype")
+        if mask.requires_grad and torch.is_grad_enabled():
+            # SDPA differentiates an additive mask; here it becomes a boolean one, whose gradient would
+            # be silently missing.
+            raise _C.Error(f"tileattn.{_FN}: attn_mask requires grad; tileattn does not differentiate the mask "
+                           "(pass attn_mask.detach() or a boolean mask)")
         mask = _derived.derived(mask, "sdpa_keep", lambda: _keep(attn_mask))
     try:
         mask = _dense_mask.compact(mask.expand(full))  # [b or 1, hq or 1, sq, sk]

@@ -311,6 +311,20 @@ def test_sdpa_mask_refusals():
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, dtype=torch.bool), is_causal=True)
 
 
+def test_sdpa_mask_that_requires_grad_is_refused():
+    """SDPA differentiates an additive mask; tileattn turns it into a boolean one, so a mask that
+    requires grad is refused rather than left without its gradient (detached, it runs)."""
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    m = torch.zeros(8, 8)
+    m[:, 6:] = float("-inf")
+    with pytest.raises(tileattn.Error, match="attn_mask requires grad; tileattn does not differentiate the mask"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=m.clone().requires_grad_())
+    with torch.no_grad():
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=m.clone().requires_grad_())
+    tileattn.scaled_dot_product_attention(q, q, q, attn_mask=m).sum().backward()
+    assert q.grad is not None
+
+
 @pytest.mark.parametrize("lead", [(), (2,), (2, 3)], ids=["3d", "4d", "5d"])
 def test_sdpa_leading_dims(gen, lead):
     q, k, v = (randn(gen, lead + (2, 9, 16), F32, "cpu") for _ in range(3))
