@@ -84,8 +84,9 @@ struct Variant {
     }
     return e;
   }
-  // The runs where there are: the CUDA kernels never get any (they test the ids per element), so
-  // device code reads none, and compiles as it would without them.
+  // The runs where there are: device code reads none here, and compiles as it would without them.
+  // The Hopper forward takes its rows' runs apart (FwdTile::runs, from cuda/document_runs), so that
+  // the other CUDA kernels' ranges stay as they were; they test the ids per element.
   TA_HD const int* runs() const {
 #ifdef __CUDA_ARCH__
     return nullptr;

@@ -1,7 +1,8 @@
 // Sorted document ids as per-row runs of keys, for the forward's element mask: where a sequence's
 // ids never decrease (packed documents, each one run of rows and one of keys), row i's document is
 // the run [begin, end) of keys with its id, so its partial tiles take one more bound per row instead
-// of an id per element. Built on the device once per call into the call's scratch; unsorted
+// of an id per element. Built on the device once per call into the call's scratch (the device's
+// counterpart of cpu/document_runs: a binary search per row in place of the host's sweep); unsorted
 // sequences keep the element test.
 #pragma once
 
