@@ -25,6 +25,17 @@ def array(fn, name, x, optional=False):
     return x
 
 
+def torch_tensors(fn, **named):
+    """Each named optional argument of a PyTorch call: None or a torch.Tensor. The custom ops take
+    tensors only, and a NumPy array there would fail in the dispatcher with the op's whole schema."""
+    import torch
+    for name, x in named.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            array(fn, name, x)
+            raise TypeError(f"tileattn.{fn}: {name} is a {type(x).__module__}.{type(x).__qualname__}, but q is a "
+                            "PyTorch tensor; pass every array argument as a torch.Tensor")
+
+
 def integer(fn, name, value, lo=INT_MIN, hi=INT_MAX):
     """value as a Python int in [lo, hi]. Python and NumPy integers (and 0-d integer tensors) pass;
     floats and bools do not, even when whole."""

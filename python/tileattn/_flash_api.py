@@ -59,13 +59,18 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal = bool(causal)
     if deterministic is not False and deterministic is not True:
         deterministic = bool(deterministic)
-    dv = v.shape[-1]
-    padded = q.shape[-1] % 8 or dv % 8
+    try:
+        dqk, dv = q.shape[-1], v.shape[-1]
+    except IndexError:  # a 0-d array: the core names it
+        dqk = dv = 8
+    padded = dqk % 8 or dv % 8
     if padded:
         q, k, v, real_dim = _adapt.pad_heads(fn, q, k, v)
         if scale is None:
             scale = real_dim ** -0.5
     if torch_call:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or alibi_slopes is not None:
+            _checks.torch_tensors(fn, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
         # flash_attn's convention: a strided last dimension is copied. (is_contiguous first: it
         # answers a contiguous tensor in a third of stride()'s time.)
         if not q.is_contiguous() and q.stride(-1) != 1:
@@ -222,9 +227,12 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         torch_call = is_torch(q)
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                    ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
+                    ("block_table", block_table), ("alibi_slopes", alibi_slopes),
+                    ("cache_seqlens", cache_seqlens if hasattr(cache_seqlens, "shape") else None)):
         if x is not None:
             _checks.array(fn, name, x)
+            if torch_call and type(x).__module__ != "torch":
+                _checks.torch_tensors(fn, **{name: x})
     if window_size == (-1, -1):
         window_left = window_right = -1
     else:

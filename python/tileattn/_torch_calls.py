@@ -175,9 +175,12 @@ def _empty(x):
 
 def empty_out(q, v):
     """The output: shaped like q with v's head dim, contiguous."""
-    d = v.shape[-1]
-    if q.shape[-1] == d:
-        return _empty(q)
+    try:
+        d = v.shape[-1]
+        if q.shape[-1] == d:
+            return _empty(q)
+    except IndexError:  # a 0-d q or v: the core names it
+        return q.new_empty(())
     return q.new_empty(q.shape[:-1] + (d,))
 
 

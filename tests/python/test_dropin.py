@@ -311,6 +311,34 @@ def test_sdpa_mask_refusals():
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, dtype=torch.bool), is_causal=True)
 
 
+def test_flash_attn_refusals_name_the_argument():
+    """A 0-d q, k or v, and an index or slope argument of another library than PyTorch's tensors,
+    get an error naming it (they failed with an IndexError, or in the dispatcher with the op's whole
+    schema)."""
+    q = torch.zeros(2, 4, 2, 16)
+    for i, name in enumerate(["q", "k", "v"]):
+        args = [q, q, q]
+        args[i] = torch.tensor(1.0)
+        with pytest.raises(tileattn.Error, match=rf"\b{name} has 0 dimensions"):
+            tileattn.flash_attn_func(*args)
+    with pytest.raises(TypeError, match="alibi_slopes is a numpy.ndarray, but q is a PyTorch tensor"):
+        tileattn.flash_attn_func(q, q, q, alibi_slopes=np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="alibi_slopes is a builtins.list"):
+        tileattn.flash_attn_func(q, q, q, alibi_slopes=[1.0, 1.0])
+    cu = np.array([0, 4, 8], np.int32)
+    for name, (cu_q, cu_k) in [("cu_seqlens_q", (cu, torch.from_numpy(cu))), ("cu_seqlens_k", (torch.from_numpy(cu), cu))]:
+        with pytest.raises(TypeError, match=f"{name} is a numpy.ndarray, but q is a PyTorch tensor"):
+            tileattn.flash_attn_varlen_func(q.view(8, 2, 16), q.view(8, 2, 16), q.view(8, 2, 16), cu_q, cu_k, 4, 4)
+    for kw, name in [(dict(cache_seqlens=np.array([1, 2], np.int32)), "cache_seqlens"),
+                     (dict(cache_seqlens=1, block_table=np.zeros((2, 1), np.int32)), "block_table"),
+                     (dict(k=np.zeros((2, 1, 2, 16), np.float32), v=q[:, :1]), "k")]:
+        with pytest.raises(TypeError, match=rf"\b{name} is a numpy.ndarray, but q is a PyTorch tensor"):
+            tileattn.flash_attn_with_kvcache(q[:, :1], q, q, **kw)
+    # A subclass of torch.Tensor is a tensor.
+    out = tileattn.flash_attn_func(q, q, q, alibi_slopes=torch.nn.Parameter(torch.ones(2)))
+    assert out.shape == q.shape
+
+
 def test_sdpa_mask_that_requires_grad_is_refused():
     """SDPA differentiates an additive mask; tileattn turns it into a boolean one, so a mask that
     requires grad is refused rather than left without its gradient (detached, it runs)."""
