@@ -21,6 +21,7 @@
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
+#include "cpu/varlen_tails.hpp"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -342,7 +343,10 @@ namespace tileattn::cpu {
 
 HWY_EXPORT(FlashBackward);
 
-void flash_backward(const Problem& p, const BackwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a); }
+void flash_backward(const Problem& p, const BackwardArgs& a) {
+  HWY_DYNAMIC_DISPATCH(FlashBackward)(p, a);
+  write_varlen_tails(p, a);
+}
 
 std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
   return flash::reported_bytes(flash::backward_scratch_bytes(p, a));

@@ -16,6 +16,7 @@
 #include "cpu/flash_simd-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
+#include "cpu/varlen_tails.hpp"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
@@ -231,7 +232,10 @@ namespace tileattn::cpu {
 
 HWY_EXPORT(FlashForward);
 
-void flash_forward(const Problem& p, const ForwardArgs& a) { HWY_DYNAMIC_DISPATCH(FlashForward)(p, a); }
+void flash_forward(const Problem& p, const ForwardArgs& a) {
+  HWY_DYNAMIC_DISPATCH(FlashForward)(p, a);
+  write_varlen_tails(p, a);
+}
 
 std::size_t workspace_size(const Problem& p, const ForwardArgs& a) {
   return flash::reported_bytes(KVCopy(p, a, kKVCopyBudget).bytes());

@@ -11,6 +11,7 @@
 #include "core/backends.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/tensor_io.hpp"
+#include "cpu/varlen_tails.hpp"
 
 namespace tileattn::cpu {
 namespace {
@@ -236,6 +237,7 @@ void reference_forward(const Problem& p, const ForwardArgs& a, RefPrecision prec
       store_out(p, a.out, a.lse, b, h, s.q0, O, L);
     }
   });
+  write_varlen_tails(p, a);
 }
 
 void reference_backward(const Problem& p, const BackwardArgs& a, RefPrecision prec) {
@@ -305,6 +307,7 @@ void reference_backward(const Problem& p, const BackwardArgs& a, RefPrecision pr
       }
     }
   });
+  write_varlen_tails(p, a);
 }
 
 void reference_decode(const Problem& p, const DecodeArgs& a, RefPrecision prec) {
