@@ -5,7 +5,7 @@ Each op runs the native module on the current CUDA stream, with its scratch from
 allocator, so calls can be captured in a CUDA graph. Fake (meta) rules give torch.compile the output
 shapes without running anything, so graphs trace with fullgraph=True. Autograd saves only q, k, v, out,
 lse and the dropout seed/offset (plus the small index inputs cu_seqlens and alibi_slopes); the backward
-recomputes the rest.
+recomputes the rest. Its gradients are first order (first_order): a double backward raises.
 
 The ops are what torch.compile and tensor subclasses (fake tensors among them) see. Eager calls on plain
 tensors skip the op dispatcher, which costs several times a small kernel's host time, and run the same
@@ -18,6 +18,31 @@ import torch
 from torch import Tensor
 
 from . import _checked_masks, _implied_masks, _torch_calls
+
+
+class _FirstOrder(torch.autograd.Function):
+    """Passes the gradients of a backward through, joined to its inputs in the graph, and raises
+    when something differentiates them: the kernels' backward has no derivative of its own, and a
+    gradient without a graph would silently leave out attention's second-order term of whatever
+    double backward (a gradient penalty, meta-learning) runs through it."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tensors[:count]
+
+    @staticmethod
+    def backward(ctx, *_):
+        from . import _C
+        raise _C.Error("tileattn: the attention backward is not differentiable: a double backward (a gradient "
+                       "taken with create_graph=True and differentiated again) runs through it")
+
+
+def first_order(grads, *inputs):
+    """grads (dq, dk, dv), made to raise if differentiated where a backward runs with create_graph and
+    any of inputs (the backward's dout, q, k, v) requires grad; as they are otherwise."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
+        return grads
+    return _FirstOrder.apply(len(grads), *grads, *inputs)
 
 
 def _seed(dropout_p):
@@ -81,7 +106,7 @@ def _fwd_backward(ctx, dout, _dlse, _drng):
         dout = dout.contiguous()
     dq, dk, dv = bwd(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k, *ctx.lengths, alibi_slopes,
                      *ctx.params)
-    return (dq, dk, dv) + (None,) * 15
+    return first_order((dq, dk, dv), dout, q, k, v) + (None,) * 15
 
 
 torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_fwd_setup)
@@ -114,7 +139,7 @@ class _Attention(torch.autograd.Function):
         if not dout.is_contiguous() and dout.stride(-1) != 1:
             dout = dout.contiguous()
         dq, dk, dv = _torch_calls.backward_with(ctx.o, dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None
+        return first_order((dq, dk, dv), dout, q, k, v) + (None, None, None)
 
 
 _Tensor = torch.Tensor
@@ -214,7 +239,7 @@ def _flex_backward(ctx, dout, _dlse):
         dout = dout.contiguous()
     block_q, block_k, *params = ctx.params
     dq, dk, dv = flex_bwd(dout, q, k, v, out, lse, *mask, block_q, block_k, alibi_slopes, *params)
-    return (dq, dk, dv) + (None,) * 21
+    return first_order((dq, dk, dv), dout, q, k, v) + (None,) * 21
 
 
 torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)
@@ -246,7 +271,7 @@ class _BlockSparse(torch.autograd.Function):
             dout = dout.contiguous()
         mask = (num, idx, full_num, full_idx) + ctx.blocks + (docs_q, docs_k, prefix_lens, dense)
         dq, dk, dv = _torch_calls.block_sparse_backward(ctx.o, dout, q, k, v, out, lse, mask, alibi_slopes, True)
-        return dq, dk, dv, None, None, None, None
+        return first_order((dq, dk, dv), dout, q, k, v) + (None,) * 4
 
 
 def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, document_ids_q, document_ids_k,

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from . import _checks, _config, _functional
 from ._arrays import contiguous_last
+from ._torch_ops import first_order
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -368,7 +369,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(contiguous_last(dout), q, k, v, out, lse, ctx.ring, ctx.plan, ctx.opts)
-        return dq, dk, dv, None, None, None
+        return first_order((dq, dk, dv), dout, q, k, v) + (None, None, None)
 
 
 def _opts(fn, softmax_scale, softcap, sm_margin):
@@ -574,7 +575,7 @@ class _GatherAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _gather_backward(contiguous_last(dout), q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        return first_order((dq, dk, dv), dout, q, k, v) + (None,) * 4
 
 
 def _documents(cu_seqlens, total):

@@ -207,6 +207,36 @@ def test_gradients_against_float64(gen, device, name, case):
                 check_rule(g, bl, w, floor=1e-2)
 
 
+@pytest.mark.parametrize("path", ["eager", "op", "flex"])
+def test_double_backward_is_refused(gen, path):
+    """The first-order gradients under create_graph=True are the usual ones; differentiating them
+    again (a gradient penalty here) raises tileattn.Error instead of silently dropping attention's
+    second-order term (it returned gradients without a graph: autograd.grad with respect to weights
+    before q, k, v went through)."""
+    from tileattn import _torch_ops
+    calls = {
+        "eager": lambda q, k, v: tileattn.flash_attn_func(q, k, v, causal=True),
+        "op": lambda q, k, v: _torch_ops.fwd(q, k, v, None, None, 0, 0, None, None, True, False, -1, -1, 0.0, 0.0,
+                                             False, "auto")[0],
+        "flex": lambda q, k, v: tileattn.flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                        causal=True).transpose(1, 2),
+    }
+    x = randn(gen, (2, 9, 2, 16), torch.float32, "cpu")
+    w = randn(gen, (16, 16), torch.float32, "cpu", requires_grad=True)
+    with tileattn.use_backend(CPU_BACKENDS["backward"]):
+        loss = torch.tanh(calls[path](x @ w, x @ w.t(), x)).sum()
+        g, = torch.autograd.grad(loss, w, create_graph=True)
+        w64 = w.detach().double().requires_grad_()
+        loss64 = torch.tanh(reference(x.double() @ w64, x.double() @ w64.t(), x.double(), causal=True)).sum()
+        check_close(g, torch.autograd.grad(loss64, w64)[0], torch.float32)
+        with pytest.raises(tileattn.Error, match="the attention backward is not differentiable: a double backward"):
+            torch.autograd.grad(g.square().sum(), w)
+        # Without create_graph, nothing changes.
+        loss = torch.tanh(calls[path](x @ w, x @ w.t(), x)).sum()
+        loss.backward()
+        assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_varlen_forward_and_gradients(gen, device):
     dtype = LOW[device][0]
