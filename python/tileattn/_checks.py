@@ -36,6 +36,16 @@ def torch_tensors(fn, **named):
                             "PyTorch tensor; pass every array argument as a torch.Tensor")
 
 
+def not_differentiated(fn, name, x):
+    """Refuses a tensor argument that requires grad where autograd records: tileattn differentiates
+    q, k and v only, so its gradient (learned ALiBi slopes, say) would be silently missing."""
+    if x is not None and getattr(x, "requires_grad", False):
+        import torch
+        if torch.is_grad_enabled():
+            raise _C.Error(f"tileattn.{fn}: {name} requires grad; tileattn differentiates q, k and v only (pass "
+                           f"{name}.detach())")
+
+
 def integer(fn, name, value, lo=INT_MIN, hi=INT_MAX):
     """value as a Python int in [lo, hi]. Python and NumPy integers (and 0-d integer tensors) pass;
     floats and bools do not, even when whole."""

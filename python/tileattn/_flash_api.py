@@ -71,6 +71,7 @@ def _attend(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     if torch_call:
         if cu_seqlens_q is not None or cu_seqlens_k is not None or alibi_slopes is not None:
             _checks.torch_tensors(fn, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
+            _checks.not_differentiated(fn, "alibi_slopes", alibi_slopes)
         # flash_attn's convention: a strided last dimension is copied. (is_contiguous first: it
         # answers a contiguous tensor in a third of stride()'s time.)
         if not q.is_contiguous() and q.stride(-1) != 1:

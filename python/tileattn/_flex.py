@@ -161,6 +161,7 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     if not enable_gqa and key.shape[1] != query.shape[1]:
         raise ValueError(f"tileattn.flex_attention: query has {query.shape[1]} heads and key {key.shape[1]}; "
                          "pass enable_gqa=True for grouped-query attention")
+    _checks.not_differentiated("flex_attention", "alibi_slopes", alibi_slopes)
     from . import _torch_ops
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
     m = block_mask

@@ -337,7 +337,7 @@ def test_sdpa_mask_refusals():
 def test_flash_attn_refusals_name_the_argument():
     """A 0-d q, k or v, and an index or slope argument of another library than PyTorch's tensors,
     get an error naming it (they failed with an IndexError, or in the dispatcher with the op's whole
-    schema)."""
+    schema); so do ALiBi slopes that require grad."""
     q = torch.zeros(2, 4, 2, 16)
     for i, name in enumerate(["q", "k", "v"]):
         args = [q, q, q]
@@ -357,9 +357,15 @@ def test_flash_attn_refusals_name_the_argument():
                      (dict(k=np.zeros((2, 1, 2, 16), np.float32), v=q[:, :1]), "k")]:
         with pytest.raises(TypeError, match=rf"\b{name} is a numpy.ndarray, but q is a PyTorch tensor"):
             tileattn.flash_attn_with_kvcache(q[:, :1], q, q, **kw)
-    # A subclass of torch.Tensor is a tensor.
-    out = tileattn.flash_attn_func(q, q, q, alibi_slopes=torch.nn.Parameter(torch.ones(2)))
-    assert out.shape == q.shape
+    # A subclass of torch.Tensor is a tensor; slopes that require grad would get no gradient.
+    slopes = torch.nn.Parameter(torch.ones(2))
+    for call in (lambda: tileattn.flash_attn_func(q, q, q, alibi_slopes=slopes),
+                 lambda: tileattn.flex_attention(*(q.transpose(1, 2),) * 3, alibi_slopes=slopes).transpose(1, 2)):
+        with pytest.raises(tileattn.Error, match="alibi_slopes requires grad; tileattn differentiates q, k and v only"):
+            call()
+        with torch.no_grad():
+            assert call().shape == q.shape
+    assert tileattn.flash_attn_func(q, q, q, alibi_slopes=slopes.detach()).shape == q.shape
 
 
 def test_sdpa_mask_that_requires_grad_is_refused():
