@@ -120,13 +120,8 @@ struct BwdSeq {
 
   __device__ BwdSeq(const BwdParams& p, int b) {
     const FwdParams& f = p.fwd;
-    q_start = 0, k_start = 0, sq = f.seqlen_q, sk = f.seqlen_k;
-    if (f.cu_q != nullptr) {
-      q_start = f.cu_q[b];
-      sq = f.cu_q[b + 1] - q_start;
-      k_start = f.cu_k[b];
-      sk = f.cu_k[b + 1] - k_start;
-    }
+    const SeqRows r = seq_rows(f, b);
+    q_start = r.q_start, k_start = r.k_start, sq = r.sq, sk = r.sk;
     row_base = f.cu_q != nullptr ? q_start : std::int64_t(b) * f.seqlen_q;
     var = sequence_variant(f, b, q_start, k_start, sq, sk);
   }

@@ -26,13 +26,7 @@ __device__ int bound(const int* ids, std::int64_t stride, int n, int d) {
 // Block b: sequence b's ids checked for order, then each row's run by binary search.
 __global__ void runs_kernel(FwdParams p, int* sorted, int2* runs) {
   const int b = blockIdx.x;
-  int q_start = 0, k_start = 0, sq = p.seqlen_q, sk = p.seqlen_k;
-  if (p.cu_q != nullptr) {
-    q_start = p.cu_q[b];
-    sq = p.cu_q[b + 1] - q_start;
-    k_start = p.cu_k[b];
-    sk = p.cu_k[b + 1] - k_start;
-  }
+  const auto [q_start, k_start, sq, sk] = seq_rows(p, b);
   const int* dq = p.doc_q + b * p.doc_q_batch + std::int64_t(q_start) * p.doc_q_row;
   const int* dk = p.doc_k + b * p.doc_k_batch + std::int64_t(k_start) * p.doc_k_row;
   int down = 0;

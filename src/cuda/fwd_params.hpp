@@ -72,6 +72,23 @@ struct FwdParams {
   BlockState blocks;                // block-sparse: the mask's cells; blocks.state == nullptr: none
 };
 
+// Where sequence b lies: its first query row in q and first key row in k and v (0 unless varlen), and
+// its sq query rows and sk keys.
+struct SeqRows {
+  int q_start, k_start, sq, sk;
+};
+
+TA_HD SeqRows seq_rows(const FwdParams& p, int b) {
+  SeqRows r{0, 0, p.seqlen_q, p.seqlen_k};
+  if (p.cu_q != nullptr) {
+    r.q_start = p.cu_q[b];
+    r.sq = p.cu_q[b + 1] - r.q_start;
+    r.k_start = p.cu_k[b];
+    r.sk = p.cu_k[b + 1] - r.k_start;
+  }
+  return r;
+}
+
 // The variant of sequence b (rows from q_start, keys from k_start; sq x sk), without ALiBi's slope
 // (per head: Variant::with_slope). Built from the host-resolved fields above.
 TA_HD Variant sequence_variant(const FwdParams& p, int b, int q_start, int k_start, int sq, int sk) {

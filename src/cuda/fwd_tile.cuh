@@ -69,13 +69,8 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdParams& p, int m_block, int
   t.b = b;
   t.h = h;
   t.hk = h / p.group;
-  t.q_start = 0, t.k_start = 0, t.sq = p.seqlen_q, t.sk = p.seqlen_k;
-  if (p.cu_q != nullptr) {
-    t.q_start = p.cu_q[b];
-    t.sq = p.cu_q[b + 1] - t.q_start;
-    t.k_start = p.cu_k[b];
-    t.sk = p.cu_k[b + 1] - t.k_start;
-  }
+  const SeqRows r = seq_rows(p, b);
+  t.q_start = r.q_start, t.k_start = r.k_start, t.sq = r.sq, t.sk = r.sk;
   t.m0 = m_block * kBlockM;
   t.rows = min(kBlockM, t.sq - t.m0);
   Variant v = sequence_variant(p, b, t.q_start, t.k_start, t.sq, t.sk);
