@@ -77,3 +77,35 @@ def test_candidate_tree_copies_the_tree_with_the_patch_applied(tmp_path):
     assert (copy / "src" / "a.txt").read_text() == "two\n"
     assert (root / "src" / "a.txt").read_text() == "one\n"
     assert not (copy / "build-gpu").exists() and (copy / ".deps").is_symlink()
+
+
+def test_sass_diff_ignores_addresses_and_namespace_hashes_only(tmp_path):
+    """scripts/sass_diff.sh compares each CUDA object's SASS (here a stand-in cuobjdump that prints
+    the object's text): addresses and anonymous-namespace hashes may differ, encodings may not."""
+    tool = tmp_path / "cuobjdump"
+    tool.write_text('#!/bin/sh\ncat "$2"\n')
+    tool.chmod(0o755)
+    sass = ("\t\tFunction : _ZN8tileattn4cuda47_GLOBAL__N__{h}_8_fwd_cu_k6kernelEv\n"
+            "        /*{a}*/                   MOV R1, c[0x0][0x28] ;   /* {e} */\n")
+
+    def build(name, objects):
+        for path, text in objects.items():
+            f = tmp_path / name / "src/cuda/CMakeFiles/tileattn_cuda_kernels.dir" / path
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+        return str(tmp_path / name)
+
+    def diff(a, b):
+        return subprocess.run(["bash", os.path.join(SCRIPTS, "..", "sass_diff.sh"), a, b], capture_output=True,
+                              text=True, timeout=60, env=dict(os.environ, CUOBJDUMP=str(tool)))
+
+    before = build("before", {"gen/fwd.cu.o": sass.format(h="d03eb04d", a="0000", e="0x00000a00ff017b82"),
+                              "runtime.cu.o": ""})
+    same = build("same", {"gen/fwd.cu.o": sass.format(h="ade2f1f8", a="0010", e="0x00000a00ff017b82"),
+                          "runtime.cu.o": ""})
+    other = build("other", {"gen/fwd.cu.o": sass.format(h="d03eb04d", a="0000", e="0x00000a00ff017b83")})
+    r = diff(before, same)
+    assert r.returncode == 0 and "same      gen/fwd.cu.o (1 functions)" in r.stdout, r.stdout + r.stderr
+    r = diff(before, other)
+    assert r.returncode == 1 and "different gen/fwd.cu.o" in r.stdout and "missing   runtime.cu.o" in r.stdout
+    assert diff(str(tmp_path / "nothing"), same).returncode == 2
