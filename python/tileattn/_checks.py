@@ -28,9 +28,11 @@ def array(fn, name, x, optional=False):
 def torch_tensors(fn, **named):
     """Each named optional argument of a PyTorch call: None or a torch.Tensor. The custom ops take
     tensors only, and a NumPy array there would fail in the dispatcher with the op's whole schema."""
-    import torch
     for name, x in named.items():
-        if x is not None and not isinstance(x, torch.Tensor):
+        if x is None or type(x).__module__ == "torch":  # None, or a plain tensor: the common case, quickly
+            continue
+        import torch
+        if not isinstance(x, torch.Tensor):
             array(fn, name, x)
             raise TypeError(f"tileattn.{fn}: {name} is a {type(x).__module__}.{type(x).__qualname__}, but q is a "
                             "PyTorch tensor; pass every array argument as a torch.Tensor")
