@@ -11,6 +11,9 @@ group (NCCL on GPUs, gloo on CPU tensors). PyTorch tensors only, with autograd.
   Its backward reduce-scatters dK/dV.
 - shard / unshard: a sequence to one rank's shard and the ranks' shards back to the sequence.
 
+Every rank must make the same call on its own shard: each attention checks that (_Agreement) before its
+first transfer, so that a call one rank makes differently raises on every rank.
+
 Layouts: "contiguous" (rank r holds tokens [r L, (r + 1) L)) or "zigzag" (the sequence cut into 2P
 chunks, rank r holds chunks r and 2P - 1 - r, so every rank gets the same share of causal work).
 
@@ -217,6 +220,67 @@ class _Ring:
         return _Pending(dist.batch_isend_irecv(ops), tensors, recv)
 
 
+class _Agreement:
+    """The ranks' arguments checked against each other before the first transfer, so that a call the
+    ranks make differently (another local length, head count, dtype, mask or layout on one rank)
+    raises on every rank rather than aborting in the transport, hanging, or returning a wrong result
+    on some. `with _Agreement(ring, fn, q) as a:` around the local checks, which end with
+    a.fields(name=value, ...): one all_gather of every rank's values on q's device (a count of 0
+    where the rank's local checks raised; that rank raises its own error) and a host read of them."""
+
+    _SLOTS = 64  # values a call sends at most: the count, then the fields' values
+
+    def __init__(self, ring, fn, like):
+        self.ring, self.fn, self.like, self.named = ring, fn, like, None
+
+    def __enter__(self):
+        return self
+
+    def fields(self, **named):
+        self.named = {k: tuple(v) if isinstance(v, (tuple, list, torch.Size)) else (v,) for k, v in named.items()}
+
+    def __exit__(self, kind, error, tb):
+        if self.ring.world == 1:
+            return False
+        values = [] if kind is not None else [float(x) for v in self.named.values() for x in v]
+        assert len(values) < self._SLOTS
+        mine = torch.full((self._SLOTS,), float("nan"), dtype=torch.float64)
+        mine[0] = len(values)
+        mine[1:1 + len(values)] = torch.tensor(values, dtype=torch.float64)
+        mine = mine.to(self._device())
+        every = [torch.empty_like(mine) for _ in range(self.ring.world)]
+        dist.all_gather(every, mine, group=self.ring.group)
+        every = torch.stack(every).tolist()
+        if kind is not None:
+            return False  # this rank's own error
+        counts = [int(x[0]) for x in every]
+        if 0 in counts:
+            raise ValueError(f"tileattn.distributed.{self.fn}: the call was refused on rank {counts.index(0)} (see "
+                             "its error), so on every rank")
+        at = 1
+        for name, v in self.named.items():
+            seen = [tuple(x[at:at + len(v)]) for x in every]
+            if len(set(seen)) != 1 or len(set(counts)) != 1:
+                per_rank = ", ".join(f"rank {r}: {_plain(x)}" for r, x in enumerate(seen))
+                raise ValueError(f"tileattn.distributed.{self.fn}: the ranks disagree on {name} ({per_rank}); "
+                                 "every rank must make the same call on its own shard")
+            at += len(v)
+        return False
+
+    def _device(self):
+        if dist.get_backend(self.ring.group) != "nccl":
+            return torch.device("cpu")
+        if isinstance(self.like, torch.Tensor) and self.like.is_cuda:
+            return self.like.device
+        return torch.device("cuda", torch.cuda.current_device())
+
+
+def _plain(values):
+    """A field's values as the caller wrote them: whole numbers as ints, one value bare."""
+    v = tuple(int(x) if float(x).is_integer() else x for x in values)
+    return v[0] if len(v) == 1 else v
+
+
 class _Pending:
     def __init__(self, works, sent, recv):
         self.works, self.sent, self.recv = works, sent, recv  # sent stays referenced until the wait
@@ -392,6 +456,20 @@ def _check_qkv(what, q, k, v, ndim):
                          f"dimensions, got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
+def _call_fields(q, k, v, layout, lo, hi, opts):
+    """What every rank's call must agree on (see _Agreement)."""
+    slopes = opts.get("alibi_slopes")
+    return {"q.shape": q.shape, "k.shape": k.shape, "v.shape": v.shape,
+            "dtypes (q, k, v)": [list(_DTYPES).index(x.dtype) if x.dtype in _DTYPES else -1 for x in (q, k, v)],
+            "layout": LAYOUTS.index(layout),
+            "mask (lo, hi)": tuple(float("inf") if x is None else x for x in (lo, hi)),
+            "softmax_scale": -1.0 if opts["scale"] is None else opts["scale"], "softcap": opts["softcap"],
+            "alibi_slopes.shape": (-1,) * 2 if slopes is None else tuple(slopes.shape) + (-1,) * (2 - slopes.ndim)}
+
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", softmax_scale=None,
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False, sm_margin=0):
     """Attention over the sequence whose shards the ranks of group hold.
@@ -402,17 +480,19 @@ def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", so
     q, or (out, softmax_lse (batch, nheads, local_seqlen) fp32) with return_lse. On one rank this is the
     local call. alibi_slopes (nheads,) fp32: ALiBi over the whole sequence's positions. sm_margin:
     SMs the forward's attention kernel leaves free for the ring's transfers (Options::sm_margin)."""
-    _check_qkv("ring_attention", q, k, v, 4)
-    _check_layout(layout)
     ring = _Ring(group)
-    n = q.shape[1]
-    _pieces(layout, ring.world, n * ring.world, "the sequence (local_seqlen * world size)")
-    lo, hi = _band("ring_attention", causal, window_size)
-    alibi = alibi_slopes is not None
+    with _Agreement(ring, "ring_attention", q) as agree:
+        _check_qkv("ring_attention", q, k, v, 4)
+        _check_layout(layout)
+        n = q.shape[1]
+        _pieces(layout, ring.world, n * ring.world, "the sequence (local_seqlen * world size)")
+        lo, hi = _band("ring_attention", causal, window_size)
+        alibi = alibi_slopes is not None
+        opts = dict(_opts("ring_attention", softmax_scale, softcap, sm_margin), alibi_slopes=alibi_slopes)
+        agree.fields(**_call_fields(q, k, v, layout, lo, hi, opts))
     plan = _ring_plan(layout, ring.rank, ring.world, n, lo, hi, alibi)
     # The ring sends k and v whole: P2P takes contiguous tensors.
     q, k, v = contiguous_last(q), k.contiguous(), v.contiguous()
-    opts = dict(_opts("ring_attention", softmax_scale, softcap, sm_margin), alibi_slopes=alibi_slopes)
     out, lse = _RingAttention.apply(q, k, v, ring, plan, opts)
     return (out, lse) if return_lse else out
 
@@ -605,21 +685,28 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     (and softmax_lse (nheads, local_tokens)). Masks and ALiBi apply per document, as in
     flash_attn_varlen_func; alibi_slopes (nheads,) or (docs, nheads)."""
     varlen = cu_seqlens is not None
-    _check_qkv("all_gather_attention", q, k, v, 3 if varlen else 4)
-    _check_layout(layout)
     ring = _Ring(group)
-    lo, hi = _band("all_gather_attention", causal, window_size)
+    with _Agreement(ring, "all_gather_attention", q) as agree:
+        _check_qkv("all_gather_attention", q, k, v, 3 if varlen else 4)
+        _check_layout(layout)
+        lo, hi = _band("all_gather_attention", causal, window_size)
+        opts = _opts("all_gather_attention", softmax_scale, softcap, sm_margin)
+        if varlen:
+            n = q.shape[0]
+            _pieces(layout, ring.world, n * ring.world, "the packed sequence (local tokens * world size)")
+            docs = _documents(cu_seqlens, n * ring.world)
+        else:
+            batch, n = q.shape[:2]
+            _pieces(layout, ring.world, n * ring.world, "the sequence (local_seqlen * world size)")
+        # cu_seqlens by its length and a weighted sum of its ends (-1: batched).
+        cu = (len(docs), sum(end * (i + 1) for i, (_, end) in enumerate(docs))) if varlen else (-1, -1)
+        agree.fields(**_call_fields(q, k, v, layout, lo, hi, dict(opts, alibi_slopes=alibi_slopes)), cu_seqlens=cu)
     if varlen:
-        n = q.shape[0]
-        _pieces(layout, ring.world, n * ring.world, "the packed sequence (local tokens * world size)")
-        docs = _documents(cu_seqlens, n * ring.world)
 
         def chunks(rank):
             return _chunks(layout, rank, ring.world, n)
     else:
-        batch, n = q.shape[:2]
         length = n * ring.world
-        _pieces(layout, ring.world, length, "the sequence (local_seqlen * world size)")
         docs = [(b * length, (b + 1) * length) for b in range(batch)]
 
         def chunks(rank):
@@ -632,7 +719,6 @@ def all_gather_attention(q, k, v, group=None, *, causal=False, layout="contiguou
     if not varlen:
         q = q.reshape((-1,) + tuple(q.shape[2:]))  # batch element b's rows after those of b - 1
     varlens = [_Varlen(g, q.shape[0], q.shape[0] * ring.world, alibi_slopes, q.device) for g in groups]
-    opts = _opts("all_gather_attention", softmax_scale, softcap, sm_margin)
     out, lse = _GatherAttention.apply(q, k, v, ring, layout, varlens, opts)
     if not varlen:
         out = out.view(batch, n, *out.shape[1:])

@@ -179,6 +179,12 @@ def _run_errors(rank, world):
         "group": lambda: cp.ring_attention(q, q, q, group=first),
         "window": lambda: cp.ring_attention(q, q, q, window_size=(1.5, 0)),
         "softcap": lambda: cp.all_gather_attention(q, q, q, softcap="x"),
+        # Calls that only some ranks make differently: every rank raises, none is left in a transfer.
+        "rank-shapes": lambda: cp.ring_attention(*(q[:, :LOCAL - 2 * (rank == 1)],) * 3),
+        "rank-causal": lambda: cp.ring_attention(q, q, q, causal=rank == 1),
+        "rank-refused": lambda: cp.ring_attention(q, q, q, layout="striped" if rank == 1 else "contiguous"),
+        "rank-cu_seqlens": lambda: cp.all_gather_attention(
+            q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 3 + rank, LOCAL * world], dtype=torch.int32)),
     }
     for name, call in calls.items():
         try:
@@ -267,6 +273,19 @@ def test_bad_calls_raise_on_every_rank(runs, world):
         assert e["group"] == "no error" if rank == 0 else "not a member" in e["group"], e["group"]
         assert e["window"].startswith("TypeError") and "window_size[0] = 1.5 is a float" in e["window"], e["window"]
         assert e["softcap"].startswith("TypeError") and "softcap = 'x' is a str" in e["softcap"], e["softcap"]
+        if world == 1:
+            continue
+        assert e["rank-shapes"].startswith("ValueError") and f"the ranks disagree on q.shape (rank 0: (1, {LOCAL}, " \
+            f"{HEADS}, {HDIM}), rank 1: (1, {LOCAL - 2}, {HEADS}, {HDIM})" in e["rank-shapes"], e["rank-shapes"]
+        assert e["rank-causal"].startswith("ValueError") and "disagree on mask (lo, hi)" in e["rank-causal"], \
+            e["rank-causal"]
+        if rank == 1:
+            assert "'striped'" in e["rank-refused"], e["rank-refused"]
+        else:
+            assert "the call was refused on rank 1 (see its error), so on every rank" in e["rank-refused"], \
+                e["rank-refused"]
+        assert e["rank-cu_seqlens"].startswith("ValueError") and "disagree on cu_seqlens" in e["rank-cu_seqlens"], \
+            e["rank-cu_seqlens"]
 
 
 def test_shard_unshard_round_trip():
