@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _checked_masks, _implied_masks, _torch_calls
+from . import _C, _checked_masks, _implied_masks, _torch_calls
 
 
 class _FirstOrder(torch.autograd.Function):
@@ -32,7 +32,6 @@ class _FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *_):
-        from . import _C
         raise _C.Error("tileattn: the attention backward is not differentiable: a double backward (a gradient "
                        "taken with create_graph=True and differentiated again) runs through it")
 

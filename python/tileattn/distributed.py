@@ -258,13 +258,16 @@ class _Agreement:
             raise ValueError(f"tileattn.distributed.{self.fn}: the call was refused on rank {counts.index(0)} (see "
                              "its error), so on every rank")
         at = 1
-        for name, v in self.named.items():
+        for name, v in self.named.items():  # a rank that sent fewer values shows NaNs, which differ
             seen = [tuple(x[at:at + len(v)]) for x in every]
-            if len(set(seen)) != 1 or len(set(counts)) != 1:
+            if len(set(seen)) != 1:
                 per_rank = ", ".join(f"rank {r}: {_plain(x)}" for r, x in enumerate(seen))
                 raise ValueError(f"tileattn.distributed.{self.fn}: the ranks disagree on {name} ({per_rank}); "
                                  "every rank must make the same call on its own shard")
             at += len(v)
+        if len(set(counts)) != 1:
+            raise ValueError(f"tileattn.distributed.{self.fn}: the ranks' calls differ in form ({counts} values "
+                             "per rank); every rank must make the same call on its own shard")
         return False
 
     def _device(self):
@@ -456,18 +459,18 @@ def _check_qkv(what, q, k, v, ndim):
                          f"dimensions, got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _call_fields(q, k, v, layout, lo, hi, opts):
     """What every rank's call must agree on (see _Agreement)."""
     slopes = opts.get("alibi_slopes")
     return {"q.shape": q.shape, "k.shape": k.shape, "v.shape": v.shape,
-            "dtypes (q, k, v)": [list(_DTYPES).index(x.dtype) if x.dtype in _DTYPES else -1 for x in (q, k, v)],
+            "dtypes (q, k, v)": [_DTYPES.index(x.dtype) if x.dtype in _DTYPES else -1 for x in (q, k, v)],
             "layout": LAYOUTS.index(layout),
             "mask (lo, hi)": tuple(float("inf") if x is None else x for x in (lo, hi)),
             "softmax_scale": -1.0 if opts["scale"] is None else opts["scale"], "softcap": opts["softcap"],
             "alibi_slopes.shape": (-1,) * 2 if slopes is None else tuple(slopes.shape) + (-1,) * (2 - slopes.ndim)}
-
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def ring_attention(q, k, v, group=None, *, causal=False, layout="contiguous", softmax_scale=None,

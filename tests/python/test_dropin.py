@@ -349,7 +349,8 @@ def test_flash_attn_refusals_name_the_argument():
     with pytest.raises(TypeError, match="alibi_slopes is a builtins.list"):
         tileattn.flash_attn_func(q, q, q, alibi_slopes=[1.0, 1.0])
     cu = np.array([0, 4, 8], np.int32)
-    for name, (cu_q, cu_k) in [("cu_seqlens_q", (cu, torch.from_numpy(cu))), ("cu_seqlens_k", (torch.from_numpy(cu), cu))]:
+    cu_t = torch.from_numpy(cu)
+    for name, (cu_q, cu_k) in [("cu_seqlens_q", (cu, cu_t)), ("cu_seqlens_k", (cu_t, cu))]:
         with pytest.raises(TypeError, match=f"{name} is a numpy.ndarray, but q is a PyTorch tensor"):
             tileattn.flash_attn_varlen_func(q.view(8, 2, 16), q.view(8, 2, 16), q.view(8, 2, 16), cu_q, cu_k, 4, 4)
     for kw, name in [(dict(cache_seqlens=np.array([1, 2], np.int32)), "cache_seqlens"),
