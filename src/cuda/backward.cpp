@@ -15,6 +15,7 @@
 #include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
+#include "cuda/varlen_tails.hpp"
 
 namespace tileattn::cuda {
 namespace {
@@ -155,10 +156,10 @@ std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
   return reported_bytes(scratch(p, a).total());
 }
 
-void backward(const Problem& pr, const BackwardArgs& a) {
-  if (pr.batch == 0 || pr.heads_q == 0) return;
-  DeviceGuard device(a.q.device.index);
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
+namespace {
+
+// The call's kernels; returns whether a conversion pass wrote every row of dq.
+bool run(const Problem& pr, const BackwardArgs& a, cudaStream_t stream) {
   const BwdInstance* in = find_instance(pr.dtype, pr.hdim());
 
   BwdParams p{};
@@ -200,6 +201,17 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
   if (p.dk_accum) launch_bwd_dkv_convert(pr.dtype, p, stream);
+  return p.dq_accum != nullptr;
+}
+
+}  // namespace
+
+void backward(const Problem& pr, const BackwardArgs& a) {
+  if (pr.heads_q == 0) return;
+  DeviceGuard device(a.q.device.index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
+  const bool dq_written = pr.batch > 0 && run(pr, a, stream);
+  write_varlen_tails(pr, a, dq_written, stream);
 }
 
 }  // namespace tileattn::cuda

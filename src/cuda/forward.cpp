@@ -13,6 +13,7 @@
 #include "cuda/instance_table.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/scratch_align.hpp"
+#include "cuda/varlen_tails.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -64,10 +65,9 @@ std::size_t workspace_size(const Problem& pr, const ForwardArgs& a) {
   return reported_bytes(counter_bytes(pr) + block_state_bytes(pr, a.block_mask) + runs_bytes(pr, a));
 }
 
-void forward(const Problem& pr, const ForwardArgs& a) {
-  if (pr.batch == 0 || pr.seqlen_q == 0 || pr.heads_q == 0) return;
-  DeviceGuard device(a.q.device.index);
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
+namespace {
+
+void run(const Problem& pr, const ForwardArgs& a, cudaStream_t stream) {
   FwdParams p = attn_params(pr, {a.q, a.k, a.v, a.out, a.lse, a.cu_seqlens_q, a.cu_seqlens_k, a.alibi_slopes,
                                   a.document_ids_q, a.document_ids_k, a.prefix_lens, a.block_mask.mask, a.options});
   const FwdInstance* in = find_instance(pr.dtype, pr.hdim());
@@ -82,6 +82,16 @@ void forward(const Problem& pr, const ForwardArgs& a) {
                   pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr,
                   a.options.sm_margin, stream};
   in->launch(p, g);
+}
+
+}  // namespace
+
+void forward(const Problem& pr, const ForwardArgs& a) {
+  if (pr.heads_q == 0) return;
+  DeviceGuard device(a.q.device.index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
+  if (pr.batch > 0 && pr.seqlen_q > 0) run(pr, a, stream);
+  write_varlen_tails(pr, a, stream);
 }
 
 }  // namespace tileattn::cuda

@@ -125,8 +125,8 @@ def test_varlen_with_block_table(gen):
 def test_varlen_buffer_past_the_sequences(gen, entry):
     """A packed buffer of fixed size that holds fewer tokens (cu_seqlens[-1] < its rows): the rows
     past the sequences come out as an empty sequence's, so the gradients of the whole buffer, which
-    reach the projections that made q, k and v, carry no uninitialized memory (CPU backends; the
-    CUDA backend writes only dq's)."""
+    reach the projections that made q, k and v, carry no uninitialized memory (every backend: the
+    CUDA one's in tests/gpu/varlen_tails_test.cpp)."""
     q = randn(gen, (23, 4, 32), F32, "cpu", requires_grad=True)
     k, v = (randn(gen, (30, 2, 32), F32, "cpu", requires_grad=True) for _ in range(2))
     cu_q, cu_k = torch.tensor([0, 6, 15], dtype=torch.int32), torch.tensor([0, 11, 20], dtype=torch.int32)
