@@ -78,13 +78,19 @@ struct SeqRows {
   int q_start, k_start, sq, sk;
 };
 
+// [lo, hi] bounds on x.
+TA_HD int clamp_to(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Varlen: cu_seqlens are read on the device, where no check has seen them (the host never reads
+// device memory), so a sequence is clamped to the packed buffers' rows (q_rows, k_rows): no value of
+// the caller's makes a kernel read or write outside the tensors. Valid offsets pass unchanged.
 TA_HD SeqRows seq_rows(const FwdParams& p, int b) {
   SeqRows r{0, 0, p.seqlen_q, p.seqlen_k};
   if (p.cu_q != nullptr) {
-    r.q_start = p.cu_q[b];
-    r.sq = p.cu_q[b + 1] - r.q_start;
-    r.k_start = p.cu_k[b];
-    r.sk = p.cu_k[b + 1] - r.k_start;
+    r.q_start = clamp_to(p.cu_q[b], 0, p.q_rows);
+    r.sq = clamp_to(p.cu_q[b + 1], r.q_start, p.q_rows) - r.q_start;
+    r.k_start = clamp_to(p.cu_k[b], 0, p.k_rows);
+    r.sk = clamp_to(p.cu_k[b + 1], r.k_start, p.k_rows) - r.k_start;
   }
   return r;
 }
