@@ -158,8 +158,7 @@ std::size_t workspace_size(const Problem& p, const BackwardArgs& a) {
 
 namespace {
 
-// The call's kernels; returns whether a conversion pass wrote every row of dq.
-bool run(const Problem& pr, const BackwardArgs& a, cudaStream_t stream) {
+void run(const Problem& pr, const BackwardArgs& a, cudaStream_t stream) {
   const BwdInstance* in = find_instance(pr.dtype, pr.hdim());
 
   BwdParams p{};
@@ -195,13 +194,16 @@ bool run(const Problem& pr, const BackwardArgs& a, cudaStream_t stream) {
     check(cudaMemsetAsync(p.dk_accum, 0, 2 * sc.dkv_bytes, stream), "cudaMemsetAsync (dK, dV rows)");
   }
   p.group_blocks = group_blocks(pr, p.group_parts);
+  // The D kernel writes the varlen tails; dq's only where no conversion pass writes every row of it.
+  p.key_tails = key_tails(pr, a);
+  if (!p.dq_accum) p.query_tails = query_tails(pr, a);
 
   launch_bwd_dsum(pr.dtype, p, stream);
+  if (p.rows_total == 0) launch_varlen_tails(p.key_tails, stream);  // no D kernel ran
   const BwdGrid g = grid(pr, a);
   in->launch(p, g);
   if (p.dq_accum) launch_bwd_dq_convert(pr.dtype, p, stream);
   if (p.dk_accum) launch_bwd_dkv_convert(pr.dtype, p, stream);
-  return p.dq_accum != nullptr;
 }
 
 }  // namespace
@@ -210,8 +212,12 @@ void backward(const Problem& pr, const BackwardArgs& a) {
   if (pr.heads_q == 0) return;
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
-  const bool dq_written = pr.batch > 0 && run(pr, a, stream);
-  write_varlen_tails(pr, a, dq_written, stream);
+  if (pr.batch > 0) {
+    run(pr, a, stream);
+    return;
+  }
+  launch_varlen_tails(key_tails(pr, a), stream);  // no kernel to write them
+  launch_varlen_tails(query_tails(pr, a), stream);
 }
 
 }  // namespace tileattn::cuda

@@ -44,6 +44,9 @@ struct BwdParams {
   // group_blocks blocks (that many over a row's key blocks (sequence, head part) pairs; bwd_block);
   // 0: each pair's key blocks in turn.
   int group_blocks;
+  // Varlen: dk's and dv's rows past the sequences, and dq's where no conversion pass writes every
+  // row of it, written by the D kernel (tail_rows.hpp); end == nullptr: none.
+  TailRows key_tails, query_tails;
 };
 
 // The fp32 dQ rows keep each row's 4-column chunks permuted by the row's index (chunk ^ 2 * (row % 4)):

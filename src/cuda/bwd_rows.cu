@@ -11,6 +11,7 @@
 #include "cuda/bwd_launch.hpp"
 #include "cuda/element.cuh"
 #include "cuda/runtime.hpp"
+#include "cuda/varlen_tails.cuh"
 
 namespace tileattn::cuda {
 namespace {
@@ -44,6 +45,11 @@ template <class E>
 __global__ void dsum_kernel(const BwdParams p, int tpr) {
   const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
   const int h = blockIdx.y, lane = threadIdx.x % tpr;
+  // The varlen tails, each row group of the grid a worker (a kernel every backward runs anyway).
+  const std::int64_t worker = std::int64_t(blockIdx.y) * gridDim.x * (kThreads / tpr) + row;
+  const std::int64_t workers = std::int64_t(gridDim.x) * gridDim.y * (kThreads / tpr);
+  write_tails(p.key_tails, worker, workers, lane, tpr);
+  write_tails(p.query_tails, worker, workers, lane, tpr);
   const bool live = row < p.rows_total;  // every thread takes part in the shuffles
   const FwdParams& f = p.fwd;
   float sum = 0.f;

@@ -76,6 +76,7 @@ void run(const Problem& pr, const ForwardArgs& a, cudaStream_t stream) {
   if (pr.block_sparse())
     p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
   if (pr.documents) make_document_runs(pr, p, reinterpret_cast<unsigned char*>(ws.data() + counter + cells), stream);
+  p.tails = forward_tails(pr, a);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
                   takes_variant(pr), device_runs_sm90a(),
@@ -90,8 +91,10 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   if (pr.heads_q == 0) return;
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
-  if (pr.batch > 0 && pr.seqlen_q > 0) run(pr, a, stream);
-  write_varlen_tails(pr, a, stream);
+  if (pr.batch > 0 && pr.seqlen_q > 0)
+    run(pr, a, stream);
+  else
+    launch_varlen_tails(forward_tails(pr, a), stream);  // no kernel to write them
 }
 
 }  // namespace tileattn::cuda

@@ -1,20 +1,21 @@
-// Varlen: the rows of a packed tensor past cu_seqlens[batch] belong to no sequence. As on the CPU
-// (cpu/varlen_tails.hpp), the cuda backend writes them as an empty sequence's: out = 0 and
-// lse = -inf, dq = 0, dk = dv = 0, so that a caller who packs into a buffer of fixed size and reads
-// or differentiates all of it never meets uninitialized memory. cu_seqlens[batch] is read on the
-// device (the host never reads the device's cu_seqlens), so a small kernel does it after the call's
-// own kernels, on its stream.
+// The host side of the varlen tails (tail_rows.hpp): the rows each call writes, and a kernel of
+// their own for the calls whose kernels do not write them.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "core/problem.hpp"
+#include "cuda/tail_rows.hpp"
 
 namespace tileattn::cuda {
 
-void write_varlen_tails(const Problem& p, const ForwardArgs& a, cudaStream_t stream);
-// dk, dv, and dq where `dq_written` is false (the calls whose dQ no conversion pass covers: that
-// pass writes every row, tails as zeros).
-void write_varlen_tails(const Problem& p, const BackwardArgs& a, bool dq_written, cudaStream_t stream);
+// out's and lse's tails of a forward call; none unless varlen.
+TailRows forward_tails(const Problem& p, const ForwardArgs& a);
+// dk's and dv's tails (keys) of a backward call, and dq's (queries); none unless varlen.
+TailRows key_tails(const Problem& p, const BackwardArgs& a);
+TailRows query_tails(const Problem& p, const BackwardArgs& a);
+
+// Writes t on the stream with a small kernel of its own (nothing where t.end is nullptr).
+void launch_varlen_tails(const TailRows& t, cudaStream_t stream);
 
 }  // namespace tileattn::cuda
