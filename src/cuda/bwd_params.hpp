@@ -6,6 +6,7 @@
 
 #include "common/hd.hpp"
 #include "cuda/fwd_params.hpp"
+#include "cuda/tail_rows.hpp"
 
 namespace tileattn::cuda {
 

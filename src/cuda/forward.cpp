@@ -76,13 +76,15 @@ void run(const Problem& pr, const ForwardArgs& a, cudaStream_t stream) {
   if (pr.block_sparse())
     p.blocks = make_block_state(pr, a.block_mask, reinterpret_cast<unsigned char*>(ws.data() + counter), stream);
   if (pr.documents) make_document_runs(pr, p, reinterpret_cast<unsigned char*>(ws.data() + counter + cells), stream);
-  p.tails = forward_tails(pr, a);
   const FwdGrid g{pr.batch, pr.heads_q, pr.seqlen_q,
                   pr.softcap > 0.f || pr.has_alibi || p.dropout || !(pr.scale > 0.f),
                   takes_variant(pr), device_runs_sm90a(),
                   pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr,
                   a.options.sm_margin, stream};
   in->launch(p, g);
+  // A kernel of their own, after the forward's: folded into the Hopper kernel's idle producer warps
+  // the tails cost the plain calls up to 1.5% (bench/notes/forward.md).
+  launch_varlen_tails(forward_tails(pr, a), stream);
 }
 
 }  // namespace

@@ -18,7 +18,6 @@
 #include "cuda/fwd_tile.cuh"
 #include "cuda/online_softmax.cuh"
 #include "cuda/tile_scheduler.cuh"
-#include "cuda/varlen_tails.cuh"
 
 namespace tileattn::cuda {
 
@@ -66,13 +65,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int q_loads = 0;  // tiles with keys so far: the phase of Q's barriers
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x != 0) {
-      // The producer's three idle warps write the varlen tails, beside the tiles.
-      if (threadIdx.x >= 32)
-        write_tails(p.tails, std::int64_t(blockIdx.x) * 3 + threadIdx.x / 32 - 1, std::int64_t(gridDim.x) * 3,
-                    threadIdx.x % 32, 32);
-      return;
-    }
+    if (threadIdx.x != 0) return;
     if (sched.counter != nullptr) wait_for_primary();  // the counter's clearing
     auto st = cutlass::make_producer_start_state<Pipeline>();
     for (int t = sched.first(), i = 0;; t = sched.next(t), ++i) {

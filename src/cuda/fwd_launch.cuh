@@ -15,7 +15,6 @@
 #include "cuda/fwd_kernel_sm90.cuh"
 #include "cuda/fwd_launch.hpp"
 #include "cuda/runtime.hpp"
-#include "cuda/varlen_tails.hpp"
 #include "tileattn/error.hpp"
 
 namespace tileattn::cuda {
@@ -77,11 +76,9 @@ void launch_portable_as(const FwdParams& p, const FwdGrid& g) {
     launch_kernel<T>(fwd_kernel<T, false, false, kVariant>, p, g);
 }
 
-// The portable kernel's blocks have no idle warps: the varlen tails get a kernel of their own.
 template <class T>
 void launch_portable(const FwdParams& p, const FwdGrid& g) {
   g.variant ? launch_portable_as<T, true>(p, g) : launch_portable_as<T, false>(p, g);
-  launch_varlen_tails(p.tails, g.stream);
 }
 
 // One persistent block per SM but the margin's (fewer when there are fewer tiles); TMA needs no

@@ -7,7 +7,6 @@
 #include "common/mask.hpp"
 #include "common/philox.hpp"
 #include "common/variant.hpp"
-#include "cuda/tail_rows.hpp"
 
 namespace tileattn::cuda {
 
@@ -71,9 +70,6 @@ struct FwdParams {
   const unsigned char* dense;
   std::int64_t dense_batch, dense_head, dense_row, dense_col;
   BlockState blocks;                // block-sparse: the mask's cells; blocks.state == nullptr: none
-  // Varlen: out's and lse's rows past the sequences, written by the Hopper kernel's idle producer
-  // warps or, after the portable kernel, by a kernel of their own (tail_rows.hpp).
-  TailRows tails;
 };
 
 // Where sequence b lies: its first query row in q and first key row in k and v (0 unless varlen), and

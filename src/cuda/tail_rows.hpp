@@ -2,9 +2,9 @@
 // (cpu/varlen_tails.hpp), the cuda backend writes them as an empty sequence's: out = 0 and
 // lse = -inf, dq = 0, dk = dv = 0, so that a caller who packs into a buffer of fixed size and reads
 // or differentiates all of it never meets uninitialized memory. cu_seqlens[batch] is read on the
-// device (the host never reads the device's cu_seqlens), by threads of a kernel the call launches
-// anyway: the Hopper forward's idle producer warps, the backward's D kernel (varlen_tails.cuh); the
-// portable forward, and calls that launch none, run a small kernel of their own (varlen_tails.hpp).
+// device (the host never reads the device's cu_seqlens): in the backward by its D kernel, which every
+// backward runs (varlen_tails.cuh); after the forward, and in calls that launch no kernel, by a small
+// kernel of their own (varlen_tails.hpp).
 #pragma once
 
 #include <cstdint>

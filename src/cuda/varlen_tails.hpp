@@ -1,5 +1,5 @@
 // The host side of the varlen tails (tail_rows.hpp): the rows each call writes, and a kernel of
-// their own for the calls whose kernels do not write them.
+// their own for the forward and for the calls that launch no other.
 #pragma once
 
 #include <cuda_runtime.h>
