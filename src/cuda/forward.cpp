@@ -82,9 +82,6 @@ void run(const Problem& pr, const ForwardArgs& a, cudaStream_t stream) {
                   pr.block_q, pr.block_k, counter ? reinterpret_cast<int*>(ws.data()) : nullptr,
                   a.options.sm_margin, stream};
   in->launch(p, g);
-  // A kernel of their own, after the forward's: folded into the Hopper kernel's idle producer warps
-  // the tails cost the plain calls up to 1.5% (bench/notes/forward.md).
-  launch_varlen_tails(forward_tails(pr, a), stream);
 }
 
 }  // namespace
@@ -93,10 +90,11 @@ void forward(const Problem& pr, const ForwardArgs& a) {
   if (pr.heads_q == 0) return;
   DeviceGuard device(a.q.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.options.stream);
-  if (pr.batch > 0 && pr.seqlen_q > 0)
-    run(pr, a, stream);
-  else
-    launch_varlen_tails(forward_tails(pr, a), stream);  // no kernel to write them
+  if (pr.batch > 0 && pr.seqlen_q > 0) run(pr, a, stream);
+  // The varlen tails in a kernel of their own, after the forward's where there is one: folded into
+  // the Hopper kernel's idle producer warps they cost the plain calls up to 1.5%
+  // (bench/notes/forward.md).
+  launch_varlen_tails(forward_tails(pr, a), stream);
 }
 
 }  // namespace tileattn::cuda

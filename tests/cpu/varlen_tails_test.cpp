@@ -7,22 +7,18 @@
 #include <vector>
 
 #include "support/host_tensor.hpp"
+#include "support/varlen_cut.hpp"
 #include "support/seeded_test.hpp"
 #include "tileattn/tileattn.hpp"
 
 namespace tileattn {
 namespace {
 
+using test::cut_backward;
+using test::cut_forward;
 using test::HostTensor;
 
 class VarlenTails : public test::SeededTest {};
-
-// The first `rows` rows of a packed tensor (dimension 0; lse's dimension 1).
-TensorView first_rows(const HostTensor& t, std::int64_t rows, int dim = 0) {
-  TensorView v = t.view();
-  v.shape[dim] = rows;
-  return v;
-}
 
 // Every element of rows [from, shape[0]) of a [total, heads, d] tensor.
 std::vector<double> tail(const HostTensor& t, std::int64_t from) {
@@ -65,13 +61,7 @@ void check(std::mt19937_64& rng, Backend backend, DType dtype, const Call& c, co
   ForwardArgs f{q.view(), k.view(), v.view(), out.view(), lse.view(), cuq.view(), cuk.view(), max_q, max_k};
   f.options = o;
   forward(f);
-  ForwardArgs fc = f;
-  fc.q = first_rows(q, end_q);
-  fc.k = first_rows(k, end_k);
-  fc.v = first_rows(v, end_k);
-  fc.out = first_rows(out_cut, end_q);
-  fc.lse = first_rows(lse_cut, end_q, 1);
-  forward(fc);
+  forward(cut_forward(f, end_q, end_k, out_cut.view(), lse_cut.view()));
 
   EXPECT_EQ(head(out, end_q), head(out_cut, end_q));
   for (double x : tail(out, end_q)) ASSERT_EQ(x, 0.0);
@@ -91,17 +81,7 @@ void check(std::mt19937_64& rng, Backend backend, DType dtype, const Call& c, co
                  cuq.view(), cuk.view(), max_q, max_k};
   g.options = o;
   backward(g);
-  BackwardArgs gc = g;
-  gc.q = fc.q;
-  gc.k = fc.k;
-  gc.v = fc.v;
-  gc.out = first_rows(out, end_q);
-  gc.dout = first_rows(dout, end_q);
-  gc.lse = first_rows(lse, end_q, 1);
-  gc.dq = first_rows(dq_cut, end_q);
-  gc.dk = first_rows(dk_cut, end_k);
-  gc.dv = first_rows(dv_cut, end_k);
-  backward(gc);
+  backward(cut_backward(g, end_q, end_k, dq_cut.view(), dk_cut.view(), dv_cut.view()));
   EXPECT_EQ(head(dq, end_q), head(dq_cut, end_q));
   EXPECT_EQ(head(dk, end_k), head(dk_cut, end_k));
   EXPECT_EQ(head(dv, end_k), head(dv_cut, end_k));

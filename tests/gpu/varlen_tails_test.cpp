@@ -10,6 +10,7 @@
 
 #include "support/device_tensor.hpp"
 #include "support/host_tensor.hpp"
+#include "support/varlen_cut.hpp"
 #include "tileattn/tileattn.hpp"
 
 namespace tileattn::test {
@@ -21,13 +22,6 @@ class GpuVarlenTails : public ::testing::Test {
     if (const std::string why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << "GPU test skipped: " << why;
   }
 };
-
-// The first `rows` rows of a packed tensor (dimension 0; lse's dimension 1).
-TensorView first_rows(const DeviceTensor& t, std::int64_t rows, int dim = 0) {
-  TensorView v = t.view();
-  v.shape[dim] = rows;
-  return v;
-}
 
 // The elements of rows [from, to) of a [total, heads, d] tensor.
 std::vector<double> rows(const HostTensor& t, std::int64_t from, std::int64_t to) {
@@ -82,13 +76,7 @@ void check(std::mt19937_64& rng, DType dtype, int d, const Call& c, const Option
   ForwardArgs f{dq_in.view(), dk_in.view(), dv_in.view(), out.view(), lse.view(), cuq.view(), cuk.view(), max_q, max_k};
   f.options = o;
   forward(f);
-  ForwardArgs fc = f;
-  fc.q = first_rows(dq_in, end_q);
-  fc.k = first_rows(dk_in, end_k);
-  fc.v = first_rows(dv_in, end_k);
-  fc.out = first_rows(out_cut, end_q);
-  fc.lse = first_rows(lse_cut, end_q, 1);
-  forward(fc);
+  forward(cut_forward(f, end_q, end_k, out_cut.view(), lse_cut.view()));
   device_synchronize();
 
   const HostTensor ho = on_host(out, dtype, qs), hoc = on_host(out_cut, dtype, qs);
@@ -109,17 +97,7 @@ void check(std::mt19937_64& rng, DType dtype, int d, const Call& c, const Option
                  dv.view(), cuq.view(), cuk.view(), max_q, max_k};
   g.options = o;
   backward(g);
-  BackwardArgs gc = g;
-  gc.q = fc.q;
-  gc.k = fc.k;
-  gc.v = fc.v;
-  gc.out = first_rows(out, end_q);
-  gc.dout = first_rows(ddout, end_q);
-  gc.lse = first_rows(lse, end_q, 1);
-  gc.dq = first_rows(dq_cut, end_q);
-  gc.dk = first_rows(dk_cut, end_k);
-  gc.dv = first_rows(dv_cut, end_k);
-  backward(gc);
+  backward(cut_backward(g, end_q, end_k, dq_cut.view(), dk_cut.view(), dv_cut.view()));
   device_synchronize();
   const struct {
     const DeviceTensor &full, &cut;
