@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "support/host_tensor.hpp"
-#include "support/varlen_cut.hpp"
 #include "support/seeded_test.hpp"
+#include "support/varlen_cut.hpp"
 #include "tileattn/tileattn.hpp"
 
 namespace tileattn {
