@@ -149,7 +149,12 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     calls; a traced call checks every time); False skips that (out-of-range entries are then ignored).
     A GPU block mask that adds nothing to the causal / window rule given with it (causal as blocks,
     a window as blocks: every skipped block invisible under the rule, every full one wholly visible)
-    is found so at that first check, and later eager calls with it run the dense kernels.
+    is found so at that first check, and later eager calls with it run the dense kernels. So is one
+    made for packed documents used with their document_ids (each document one run of positions, the
+    rule causal, a window or none, no chunk, prefix or dense mask, per-head ALiBi at most): later
+    eager calls run the varlen kernels over the documents, as does such a call with no block_mask,
+    where query, key and value are views of [batch, seq, heads, d] memory (one synchronization per
+    ids tensor, which reads its runs; remembered while the tensor is unchanged).
     Block lists built here from a mask are not checked (they are valid by construction)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _checked_masks, _implied_masks, _torch_calls
+from . import _C, _checked_masks, _documents, _implied_masks, _log, _torch_calls
 
 
 class _FirstOrder(torch.autograd.Function):
@@ -289,11 +289,22 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
         return out.transpose(1, 2), lse
     check = check_device_indices
     sizes = None
+    # The mask is remembered with the document ids it was found to add nothing to.
+    keyed = lists + (document_ids_q,)
+    unrelative = chunk_size != 0 or prefix_len != 0 or prefix_lens is not None or dense_mask is not None or \
+        (alibi_slopes is not None and alibi_slopes.dim() > 1)
+    implied = kv_num_blocks is None
     if check and kv_num_blocks is not None and kv_num_blocks.is_cuda:
         sizes = (q.shape[2], k.shape[2], block_q, block_k, causal, top_left, window_left, window_right)
-        check = not _checked_masks.seen(lists, sizes)
-        if not check and _checked_masks.implied(lists):
-            lists = (None,) * 4  # the dense call under the same rule (_implied_masks)
+        check = not _checked_masks.seen(keyed, sizes)
+        implied = not check and _checked_masks.implied(keyed)
+    runs = _documents.packed(q, k, v, document_ids_q, document_ids_k, unrelative) if implied and \
+        document_ids_q is not None else None
+    if runs is not None:
+        return _documents_as_sequences(q, k, v, runs, alibi_slopes, scale, causal, top_left, window_left, window_right,
+                                       softcap, backend)
+    if implied and document_ids_q is None:
+        lists = (None,) * 4  # the dense call under the same rule (_implied_masks)
     o = _torch_calls.options(q, scale, causal, top_left, window_left, window_right, softcap, 0.0, 0, 0, False, backend,
                              0, check, chunk_size, prefix_len)
     mask = lists + (block_q, block_k, document_ids_q, document_ids_k, prefix_lens, dense_mask)
@@ -305,11 +316,27 @@ def flex(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
     else:
         out, lse = _torch_calls.block_sparse_forward(o, q, k, v, mask, alibi_slopes, True)
     if check and sizes is not None:
-        rule_only = all(x is None for x in (document_ids_q, document_ids_k, prefix_lens, dense_mask)) and \
-            chunk_size == 0 and prefix_len == 0
-        _checked_masks.remember(lists, sizes, rule_only and _implied_masks.implied(
-            lists, q.shape[2], k.shape[2], block_q, block_k, causal, top_left, window_left, window_right))
+        if document_ids_q is None:
+            rule_only, bounds = document_ids_k is None and not unrelative, None
+        else:
+            runs = _documents.packed(q, k, v, document_ids_q, document_ids_k, unrelative)
+            rule_only, bounds = runs is not None, runs and runs[2:]
+        _checked_masks.remember(keyed, sizes, rule_only and _implied_masks.implied(
+            lists, q.shape[2], k.shape[2], block_q, block_k, causal, top_left, window_left, window_right, bounds))
     return out, lse
+
+
+def _documents_as_sequences(q, k, v, runs, alibi_slopes, scale, causal, top_left, window_left, window_right, softcap,
+                            backend):
+    """flex's (out, lse) for documents that are each one run of positions: the varlen call over the
+    documents (_documents), on [batch * seq, heads, d] views of the [batch, heads, seq, d] ones."""
+    cu, longest = runs[:2]
+    batch, heads, seq = q.shape[:3]
+    _log.note("document_ids: packed documents run as a variable-length batch")
+    flat = lambda x: x.transpose(1, 2).reshape(batch * seq, x.shape[1], x.shape[3])  # noqa: E731
+    out, lse = attend(flat(q), flat(k), flat(v), cu, cu, longest, longest, alibi_slopes, scale, causal, top_left,
+                      window_left, window_right, softcap, 0.0, False, backend)
+    return out.view(batch, seq, heads, -1).transpose(1, 2), lse.view(heads, batch, seq).transpose(0, 1)
 
 
 @torch.library.custom_op("tileattn::decode", mutates_args=("k_cache", "v_cache"))

@@ -294,6 +294,72 @@ def test_flex_attention_matches_torch(kind, gqa):
         torch.testing.assert_close(x.double(), y.double(), atol=5e-5, rtol=5e-5)
 
 
+def _bshd(torch, batch, heads, seq, d, **kw):
+    """[batch, heads, seq, d] views of [batch, seq, heads, d] tensors, as a model's projections give them."""
+    return torch.randn(batch, seq, heads, d, **kw).transpose(1, 2)
+
+
+def _reference_lse(torch, q, k, mask):
+    k = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q.double() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+@pytest.mark.parametrize("rule", ["causal", "window", "two-sided", "none"])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_flex_attention_documents_run_as_sequences(rule, gqa, capsys):
+    """Document ids with no block mask, each document one run of positions: the call is the varlen
+    call over the documents (the log says so), with the float64 reference's out, lse and gradients.
+    Ids whose document comes back after another keep the element test, with the same results."""
+    torch, flex = _flex()
+    from tileattn import _log
+    torch.manual_seed(3)
+    batch, hq, sq, d = 3, 4, 150, 32
+    hk = 2 if gqa else hq
+    q, k, v = (_bshd(torch, batch, h, sq, d, requires_grad=True) for h in (hq, hk, hk))
+    ids = (torch.rand(batch, sq) < 0.04).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+    ids[1] = 7  # one document for the whole sequence
+    repeated = ids.clone()
+    repeated[0, :60], repeated[0, 60:90], repeated[0, 90:] = 5, 6, 5
+    kw, i, j = {}, torch.arange(sq)[:, None], torch.arange(sq)[None, :]
+    if rule == "causal":
+        kw, keep = dict(causal=True), i >= j
+    elif rule == "window":
+        kw, keep = dict(causal=True, window_size=(20, 0)), (i >= j) & (i - j <= 20)
+    elif rule == "two-sided":
+        kw, keep = dict(window_size=(15, 10)), (i - j <= 15) & (j - i <= 10)
+    else:
+        keep = torch.ones(sq, sq, dtype=torch.bool)
+    for doc, routed in ((ids, True), (repeated, False)):
+        _log.set_enabled(True)
+        try:
+            got, lse = tileattn.flex_attention(q, k, v, enable_gqa=gqa, return_lse=True, document_ids=doc, **kw)
+        finally:
+            _log.set_enabled(False)
+        err = capsys.readouterr().err
+        assert ("packed documents run as a variable-length batch" in err) == routed, err
+        mask = ((doc[:, :, None] == doc[:, None, :]) & keep)[:, None]
+        ref = _dense_reference(torch, q, k, v, mask)
+        torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(lse.double(), _reference_lse(torch, q, k, mask), atol=2e-5, rtol=2e-5)
+        g = torch.randn_like(got)
+        for x, y in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g.double())):
+            torch.testing.assert_close(x.double(), y.double(), atol=5e-5, rtol=5e-5)
+
+
+def test_document_runs():
+    """_documents._runs: the documents' prefix sums over the batch's positions, the longest, each
+    position's run; None where a document comes back."""
+    torch = pytest.importorskip("torch")
+    from tileattn import _documents
+    ids = torch.tensor([[3, 3, 1, 1, 1, 8], [0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    cu, longest, first, end = _documents._runs(ids)
+    assert cu.tolist() == [0, 2, 5, 6, 12] and cu.dtype == torch.int32 and longest == 6
+    assert first.tolist() == [[0, 0, 2, 2, 2, 5], [0] * 6] and end.tolist() == [[2, 2, 5, 5, 5, 6], [6] * 6]
+    assert _documents._runs(torch.tensor([[1, 2, 1]], dtype=torch.int32)) is None
+    assert _documents._runs(torch.tensor([[1, 2], [1, 1]], dtype=torch.int32)) is not None  # per sequence
+
+
 def test_flex_attention_bf16_and_random_blocks():
     torch, flex = _flex()
     torch.manual_seed(1)
@@ -513,6 +579,48 @@ def test_implied_masks_agree_with_the_elements():
         assert got == want, (sq, sk, bq, bk, causal, top_left, left, right, state)
 
 
+def test_implied_masks_with_documents_agree_with_the_elements():
+    """As above, with packed documents: a mask adds nothing to the rule within each document exactly
+    where each skipped block holds no visible element and each full block no invisible one."""
+    torch = pytest.importorskip("torch")
+    from tileattn import _documents, _implied_masks
+    rng = np.random.default_rng()
+    for it in range(300):
+        batch, s = int(rng.integers(1, 4)), int(rng.integers(1, 90))
+        bq, bk = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 32]))
+        causal = bool(rng.integers(0, 2))
+        left = -1 if rng.integers(0, 2) else int(rng.integers(0, 40))
+        right = -1 if causal or rng.integers(0, 2) else int(rng.integers(0, 40))
+        ids = np.cumsum(rng.random((batch, s)) < rng.choice([0.02, 0.1, 0.3]), axis=1).astype(np.int32)
+        i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+        rule = (j >= i - left if left >= 0 else True) & (j <= i + (0 if causal else right) if causal or right >= 0 else True)
+        vis = rule & (ids[:, :, None] == ids[:, None, :])
+        qb, kb = -(-s // bq), -(-s // bk)
+        state = np.zeros((batch, 1, qb, kb), dtype=np.int64)
+        want = True
+        for b in range(batch):
+            for r, c in np.ndindex(qb, kb):
+                blk = vis[b, r * bq:(r + 1) * bq, c * bk:(c + 1) * bk]
+                state[b, 0, r, c] = 2 if blk.all() else 1 if blk.any() else 0
+            if it % 3:
+                flip = rng.random((qb, kb)) < 0.2
+                state[b, 0] = np.where(flip, rng.integers(0, 3, (qb, kb)), state[b, 0])
+            for r, c in np.ndindex(qb, kb):
+                blk = vis[b, r * bq:(r + 1) * bq, c * bk:(c + 1) * bk]
+                want &= not ((state[b, 0, r, c] == 0 and blk.any()) or (state[b, 0, r, c] == 2 and not blk.all()))
+        lists = []
+        for value in (1, 2):
+            num = torch.tensor((state == value).sum(-1), dtype=torch.int32)
+            idx = torch.zeros(batch, 1, qb, kb, dtype=torch.int32)
+            for b, r in np.ndindex(batch, qb):
+                listed = np.flatnonzero(state[b, 0, r] == value)
+                idx[b, 0, r, :len(listed)] = torch.tensor(listed, dtype=torch.int32)
+            lists += [num, idx]
+        documents = _documents._runs(torch.tensor(ids))[2:]
+        got = _implied_masks.implied(lists, s, s, bq, bk, causal, True, left, -1 if causal else right, documents)
+        assert got == want, (batch, s, bq, bk, causal, left, right, ids, state)
+
+
 def test_flex_attention_eager_path_matches_the_op():
     """The eager call (no op dispatcher) and the tileattn::flex_fwd op that torch.compile sees give
     the same output, LSE and gradients."""
@@ -558,3 +666,38 @@ def test_flex_attention_cuda_mask_is_checked_once_and_again_when_written():
         tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
     with pytest.raises(tileattn.Error, match=r"block_mask.kv_indices"):
         tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)  # not remembered after the failure
+
+
+def test_flex_attention_cuda_document_mask_runs_as_sequences_once_checked(capsys):
+    """A GPU block mask made for packed documents, used with their ids: its first use checks it (the
+    block-sparse call); found to add nothing to causal within the documents, later calls are the
+    varlen call over the documents. New ids, or the mask written, are checked again."""
+    torch, flex = _flex()
+    from tileattn import _checked_masks, _documents, _log
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    torch.manual_seed(4)
+    batch, heads, sq, d = 2, 4, 700, 64
+    q, k, v = (_bshd(torch, batch, heads, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ids = (torch.rand(batch, sq, device="cuda") < 0.01).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+    bm = flex.create_block_mask(lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki), batch, None, sq, sq,
+                                device="cuda", BLOCK_SIZE=128)
+    lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, ids)
+    sizes = (sq, sq, 128, 128, True, True, -1, -1)
+    _log.set_enabled(True)
+    try:
+        first = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True, document_ids=ids)
+        assert _checked_masks.seen(lists, sizes) and _checked_masks.implied(lists)
+        assert "variable-length batch" not in capsys.readouterr().err
+        second = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True, document_ids=ids)
+        assert "packed documents run as a variable-length batch" in capsys.readouterr().err
+        other = ids.clone()
+        tileattn.flex_attention(q, k, v, block_mask=bm, causal=True, document_ids=other)
+        assert "variable-length batch" not in capsys.readouterr().err
+    finally:
+        _log.set_enabled(False)
+    cu, longest = _documents._runs(ids)[:2]
+    flat = lambda x: x.transpose(1, 2).reshape(batch * sq, heads, d)  # noqa: E731
+    want = tileattn.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, longest, longest, causal=True)
+    torch.testing.assert_close(second, want.view(batch, sq, heads, d).transpose(1, 2), atol=0, rtol=0)
+    torch.testing.assert_close(second, first)

@@ -1,0 +1,60 @@
+"""Document ids of packed sequences, run as a variable-length batch.
+
+A row that sees only keys of its own document, where each document is one run of positions, is a
+row of that document's own sequence: under causal, a sliding window, softcap or ALiBi (rules that
+see only positions relative to the row, and queries and keys share the documents), the call is
+exactly the varlen call over the documents. That call runs the plain varlen kernels, which skip
+other documents' tiles and test no id per element, where the block-sparse kernels test both ids in
+every partial block. The runs are read once per ids tensor (_derived): one synchronization, which
+a training step pays once for all of its layers.
+"""
+
+import torch
+
+from . import _derived
+
+
+def _runs(ids):
+    """ids [batch, seq] -> (cu_seqlens int32 [docs + 1] over the batch's batch * seq positions, the
+    longest run, each position's run start and end within its sequence [batch, seq] int64), or None
+    where an id comes back after another (a document in more than one run)."""
+    batch, seq = ids.shape
+    if batch * seq == 0:
+        return None
+    change = torch.ones(batch, seq, dtype=torch.bool, device=ids.device)
+    change[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    flat = change.reshape(-1)
+    starts = flat.nonzero().reshape(-1)
+    cu = torch.cat([starts, starts.new_tensor([batch * seq])])
+    lens = cu[1:] - cu[:-1]
+    # (sequence, id) per run: a document in two runs repeats its pair.
+    pairs = torch.stack([starts // seq, ids.reshape(-1)[starts].long()])
+    distinct, longest = torch.stack([torch.tensor(torch.unique(pairs, dim=1).shape[1], device=ids.device),
+                                     lens.max()]).tolist()
+    if distinct != starts.numel():
+        return None
+    run = flat.long().cumsum(0) - 1
+    base = torch.arange(batch, device=ids.device).repeat_interleave(seq) * seq
+    first, end = (cu[run + i] - base for i in (0, 1))
+    return cu.to(torch.int32), int(longest), first.view(batch, seq), end.view(batch, seq)
+
+
+def _flattens(x):
+    """Whether x [batch, heads, seq, d] (a [batch, seq, heads, d] layout's view) reads as
+    [batch * seq, heads, d] without a copy."""
+    return x.stride(-1) == 1 and (x.shape[0] == 1 or x.stride(0) == x.shape[2] * x.stride(2))
+
+
+def packed(q, k, v, ids_q, ids_k, unrelative):
+    """The runs of a flex_attention call's documents (_runs) where the call is the varlen call over
+    them, else None. unrelative: the call has a rule on absolute positions (chunks, a prefix, a dense
+    mask)."""
+    if unrelative or ids_q is None or ids_q is not ids_k or type(ids_q) is not torch.Tensor:
+        return None
+    batch, seq = q.shape[0], q.shape[2]
+    if ids_q.dtype != torch.int32 or tuple(ids_q.shape) != (batch, seq) or ids_q.device != q.device or \
+            k.shape[2] != seq or not all(_flattens(x) for x in (q, k, v)):
+        return None  # the block-sparse call, which names whatever is wrong with the ids
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None  # no read-back inside a CUDA graph
+    return _derived.derived(ids_q, "document_runs", lambda: _runs(ids_q))
