@@ -27,7 +27,8 @@ def _state(lists):
 
 def seen(lists, sizes):
     """Whether lists (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices; the full
-    pair may be None) passed the check against sizes and are unchanged since."""
+    pair may be None; then the document ids of the call, or None) passed the check against sizes
+    and are unchanged since."""
     entry = _checked.get(id(lists[0]))
     if entry is None:
         return False

@@ -652,7 +652,7 @@ def test_flex_attention_cuda_mask_is_checked_once_and_again_when_written():
     sq, d = 256, 64
     q, k, v = (torch.randn(1, 2, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, sq, sq, device="cuda", BLOCK_SIZE=128)
-    lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+    lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, None)  # no document ids
     first = tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)
     assert _checked_masks.seen(lists, (sq, sq, 128, 128, True, True, -1, -1))
     # Causal as blocks adds nothing to causal: later calls are the dense kernel's causal call (its
@@ -700,4 +700,4 @@ def test_flex_attention_cuda_document_mask_runs_as_sequences_once_checked(capsys
     flat = lambda x: x.transpose(1, 2).reshape(batch * sq, heads, d)  # noqa: E731
     want = tileattn.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, longest, longest, causal=True)
     torch.testing.assert_close(second, want.view(batch, sq, heads, d).transpose(1, 2), atol=0, rtol=0)
-    torch.testing.assert_close(second, first)
+    torch.testing.assert_close(second, first, atol=2 ** -7, rtol=2 ** -7)  # other kernels: bf16 rounding apart
