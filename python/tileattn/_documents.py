@@ -1,4 +1,5 @@
-"""Document ids of packed sequences, run as a variable-length batch.
+"""Document ids of packed sequences, and dense masks of packed documents, run as a variable-length
+batch.
 
 A row that sees only keys of its own document, where each document is one run of positions, is a
 row of that document's own sequence: under causal, a sliding window, softcap or ALiBi (rules that
@@ -6,7 +7,8 @@ see only positions relative to the row, and queries and keys share the documents
 exactly the varlen call over the documents. That call runs the plain varlen kernels, which skip
 other documents' tiles and test no id per element, where the block-sparse kernels test both ids in
 every partial block. The runs are read once per ids tensor (_derived): one synchronization, which
-a training step pays once for all of its layers.
+a training step pays once for all of its layers. A dense boolean mask (SDPA's attn_mask) that is
+block-diagonal, causal within each block or not, is such a call too (from_mask).
 """
 
 import torch
@@ -58,3 +60,27 @@ def packed(q, k, v, ids_q, ids_k, unrelative):
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return None  # no read-back inside a CUDA graph
     return _derived.derived(ids_q, "document_runs", lambda: _runs(ids_q))
+
+
+def from_mask(mask, batch):
+    """(causal, cu_seqlens, longest) where a compact bool mask [batch or 1, heads or 1, s, s] is the
+    same for every head and lets each row see exactly its own document's keys (causal: those up to
+    the row) for documents that are runs of positions; else None (rows that see no key included)."""
+    _, heads, sq, sk = mask.shape
+    if sq != sk or sq == 0 or (heads > 1 and not bool((mask == mask[:, :1]).all())):
+        return None
+    m = mask[:, 0]
+    i = torch.arange(sq, device=m.device)
+    first = m.view(torch.uint8).argmax(-1)  # each row's first visible key
+    last = sk - 1 - m.flip(-1).view(torch.uint8).argmax(-1)
+    count = m.sum(-1)
+    starts = first == i  # rows where a document starts
+    start = torch.where(starts, i, -1).cummax(-1).values  # the start of each row's document
+    after = torch.where(starts, i, sq).flip(-1).cummin(-1).values.flip(-1)  # the next start at or after
+    end = torch.cat([after[:, 1:], after.new_full((after.shape[0], 1), sq)], -1)
+    runs = (count > 0) & (count == last - first + 1) & (first == start)
+    causal = bool((runs & (last == i)).all())
+    if not causal and not bool((runs & (last == end - 1)).all()):
+        return None
+    ids = starts.int().cumsum(-1, dtype=torch.int32).expand(batch, sq).contiguous()
+    return (causal,) + _runs(ids)[:2]

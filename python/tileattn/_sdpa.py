@@ -8,7 +8,9 @@ SDPA's is. NumPy and CuPy arrays cross as transposed views.
 
 attn_mask, boolean (True = attend) or additive (float), broadcast as SDPA broadcasts it: a mask that
 is the same for every head and every query row is a key-padding mask, and runs exactly as a
-variable-length batch of each sequence's kept keys. An additive mask of 0 and -inf is the same
+variable-length batch of each sequence's kept keys; one that is the same for every head and
+block-diagonal (packed documents, each a run of positions, causal within each or not) runs as a
+variable-length batch of the documents. An additive mask of 0 and -inf is the same
 boolean mask. Any other boolean mask (per head, per query row) runs block-sparse: cut into blocks of
 128 x 128, an all-False block is skipped, an all-True one runs unmasked, the others read the mask
 (tileattn.flex_attention with mask=); PyTorch tensors only, no dropout. A query row that sees no
@@ -102,19 +104,29 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
     except RuntimeError:
         raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
                        f"to {full}") from None
-    if not _derived.derived(mask, "sdpa_padding", lambda: _key_padding(mask)):
-        return _block_sparse(query, key, value, mask, dropout_p, scale)
-    from . import _log
-    _log.note("attn_mask: key-padding mask run as a variable-length batch")
-    idx, cu_k, max_k = _derived.derived(mask, ("sdpa_keys", b), lambda: _kept_keys(mask, b, sk))
-    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=query.device)
+    from . import _documents, _log
 
     def packed(x, s):
         return x.transpose(1, 2).reshape(b * s, x.shape[1], x.shape[3])
+
+    def unpacked(out):
+        return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()
+    if not _derived.derived(mask, "sdpa_padding", lambda: _key_padding(mask)):
+        docs = _derived.derived(mask, ("sdpa_documents", b), lambda: _documents.from_mask(mask, b))
+        if docs is None:
+            return _block_sparse(query, key, value, mask, dropout_p, scale)
+        causal, cu, longest = docs
+        _log.note("attn_mask: packed documents run as a variable-length batch")
+        out, _ = _attend(_FN, packed(query, sq), packed(key, sk), packed(value, sk), cu, cu, longest, longest,
+                         dropout_p, scale, causal, (-1, -1), 0.0, None, False, top_left=True)
+        return unpacked(out)
+    _log.note("attn_mask: key-padding mask run as a variable-length batch")
+    idx, cu_k, max_k = _derived.derived(mask, ("sdpa_keys", b), lambda: _kept_keys(mask, b, sk))
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=query.device)
     k, v = (packed(x, sk).index_select(0, idx) for x in (key, value))
     out, _ = _attend(_FN, packed(query, sq), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
                      None, False, top_left=True)
-    return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()
+    return unpacked(out)
 
 
 def _keep(mask):

@@ -291,6 +291,41 @@ def test_sdpa_general_mask(gen, kind):
     _check_against_math(gen, q, k, v, mask, out)
 
 
+DOCUMENT_MASKS = {
+    "causal": lambda same, i, j: same & (i >= j),
+    "bidirectional": lambda same, i, j: same,
+    "causal-shared": lambda same, i, j: (same & (i >= j))[:1],
+    "causal-additive": lambda same, i, j: torch.zeros(same.shape).masked_fill(~(same & (i >= j)), float("-inf")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DOCUMENT_MASKS))
+def test_sdpa_document_mask(gen, kind, capsys):
+    """A block-diagonal mask (packed documents, causal within each or not) the same for every head runs
+    as a variable-length batch of the documents (the log says so), forward and backward against SDPA's
+    math backend in float64; one key more for one row makes it a general mask, run block-sparse."""
+    b, hq, hk, s, d = 2, 4, 2, 90, 32
+    q = randn(gen, (b, hq, s, d), F32, "cpu", requires_grad=True)
+    k, v = (randn(gen, (b, hk, s, d), F32, "cpu", requires_grad=True) for _ in range(2))
+    ids = (torch.rand((b, s), generator=gen) < 0.08).cumsum(-1)
+    same = (ids[:, :, None] == ids[:, None, :])[:, None]
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    mask = DOCUMENT_MASKS[kind](same, i, j)
+    broken = mask.clone()
+    broken[..., s - 1, 0] = 0.0 if kind == "causal-additive" else True  # the last row sees the first key too
+    for m, note in ((mask, "packed documents run as a variable-length batch"), (broken, "general mask run block-sparse")):
+        _log.set_enabled(True)
+        try:
+            out = run("cpu", "forward", tileattn.scaled_dot_product_attention, q, k, v, attn_mask=m, enable_gqa=True)
+        finally:
+            _log.set_enabled(False)
+        assert note in capsys.readouterr().err
+        assert out.is_contiguous() and out.shape == (b, hq, s, d)
+        _check_against_math(gen, q, k, v, m, out)
+    out = tileattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, dropout_p=0.3)
+    assert out.shape == (b, hq, s, d) and torch.isfinite(out).all()  # dropout, which block-sparse has not
+
+
 def test_sdpa_mask_read_once_per_mask(gen, count_calls):
     """A mask passed again (as to every layer) is not read again: its block lists, kind and kept keys come
     from the first call; written in place, it is read anew and the result follows it; freed, its entries
@@ -324,7 +359,7 @@ def test_sdpa_mask_read_once_per_mask(gen, count_calls):
 def test_sdpa_mask_refusals():
     q = torch.zeros(1, 2, 4, 16)
     with pytest.raises(tileattn.Error, match="dropout_p = 0.5 with an attn_mask that differs between heads"):
-        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril(),
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool).triu(),
                                               dropout_p=0.5)
     with pytest.raises(tileattn.Error, match="attn_mask is an additive mask with values other than 0 and -inf"):
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.randn(4, 4))
@@ -454,7 +489,7 @@ def test_log_names_the_block_sparse_path(gen, capsys):
     _log.set_enabled(True)
     try:
         run("cpu", "forward", tileattn.scaled_dot_product_attention, q, q, q,
-            attn_mask=torch.ones(20, 20, dtype=torch.bool).tril())
+            attn_mask=torch.ones(20, 20, dtype=torch.bool).triu())
     finally:
         _log.set_enabled(False)
     err = capsys.readouterr().err

@@ -360,6 +360,53 @@ def test_document_runs():
     assert _documents._runs(torch.tensor([[1, 2], [1, 1]], dtype=torch.int32)) is not None  # per sequence
 
 
+def test_documents_from_mask():
+    """_documents.from_mask against the mask built back from the documents its rows' diagonal
+    neighbours give (a row that does not see the key before it starts a document): found exactly
+    where the mask is that, causal or not; masks with an element changed, per-head ones and ones
+    with a row that sees nothing are not."""
+    torch = pytest.importorskip("torch")
+    from tileattn import _documents
+    gen = torch.Generator().manual_seed(5)
+    for it in range(200):
+        b, s = int(torch.randint(1, 3, (1,), generator=gen)), int(torch.randint(1, 40, (1,), generator=gen))
+        ids = (torch.rand(b, s, generator=gen) < 0.2).cumsum(-1)
+        i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+        mask = ids[:, :, None] == ids[:, None, :]
+        if it % 2:
+            mask &= i >= j
+        if it % 3 == 0:
+            x, y = torch.randint(0, s, (2,), generator=gen).tolist()
+            mask[0, x, y] = ~mask[0, x, y]
+        heads = 2 if it % 7 == 0 else 1
+        m = mask[:, None].expand(b, heads, s, s).clone()
+        if heads > 1 and it % 2:
+            m[0, 1, 0, 0] = ~m[0, 1, 0, 0]
+        got = _documents.from_mask(m, b)
+        new = torch.ones(b, s, dtype=torch.bool)
+        new[:, 1:] = ~mask[:, torch.arange(1, s), torch.arange(s - 1)]
+        docs = new.cumsum(-1)
+        same = docs[:, :, None] == docs[:, None, :]
+        want = None
+        if bool((m == m[:, :1]).all()):
+            if torch.equal(mask, same & (i >= j)):
+                want = True
+            elif torch.equal(mask, same):
+                want = False
+        if want is None:
+            assert got is None, (mask, got)
+            continue
+        assert got is not None and got[0] == want, (mask, got)
+        starts = torch.nonzero(new.reshape(-1)).reshape(-1).tolist()
+        assert got[1].tolist() == starts + [b * s] and got[2] == max(y - x for x, y in zip(starts, starts[1:] + [b * s]))
+    eye = torch.eye(5, dtype=torch.bool)[None, None]
+    assert _documents.from_mask(eye, 1)[:1] == (True,)  # five documents of one row
+    assert _documents.from_mask(torch.ones(5, 5, dtype=torch.bool).triu()[None, None], 1) is None
+    empty = torch.ones(5, 5, dtype=torch.bool).tril()
+    empty[2] = False
+    assert _documents.from_mask(empty[None, None], 1) is None
+
+
 def test_flex_attention_bf16_and_random_blocks():
     torch, flex = _flex()
     torch.manual_seed(1)
