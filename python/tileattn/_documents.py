@@ -41,6 +41,12 @@ def _runs(ids):
     return cu.to(torch.int32), int(longest), first.view(batch, seq), end.view(batch, seq)
 
 
+def tokens(x):
+    """x [batch, heads, seq, d] as the packed [batch * seq, heads, d] of a varlen call: a view where
+    the memory is [batch, seq, heads, d] (_flattens), else a copy."""
+    return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3])
+
+
 def _flattens(x):
     """Whether x [batch, heads, seq, d] (a [batch, seq, heads, d] layout's view) reads as
     [batch * seq, heads, d] without a copy."""

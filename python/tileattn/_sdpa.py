@@ -83,6 +83,9 @@ def _batched_mask(mask, lead, query, key):
 def _masked(query, key, value, attn_mask, dropout_p, scale):
     if not is_torch(query) or not is_torch(attn_mask):
         raise _C.Error(f"tileattn.{_FN}: attn_mask is supported for PyTorch tensors only")
+    if attn_mask.device != query.device:
+        raise _C.Error(f"tileattn.{_FN}: attn_mask is on {attn_mask.device} and query on {query.device}; expected "
+                       "one device")
     import torch
     b, hq, sq, _ = query.shape
     sk = key.shape[-2]
@@ -105,9 +108,7 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
         raise _C.Error(f"tileattn.{_FN}: attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast "
                        f"to {full}") from None
     from . import _documents, _log
-
-    def packed(x, s):
-        return x.transpose(1, 2).reshape(b * s, x.shape[1], x.shape[3])
+    tokens = _documents.tokens
 
     def unpacked(out):
         return out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2).contiguous()
@@ -117,14 +118,14 @@ def _masked(query, key, value, attn_mask, dropout_p, scale):
             return _block_sparse(query, key, value, mask, dropout_p, scale)
         causal, cu, longest = docs
         _log.note("attn_mask: packed documents run as a variable-length batch")
-        out, _ = _attend(_FN, packed(query, sq), packed(key, sk), packed(value, sk), cu, cu, longest, longest,
-                         dropout_p, scale, causal, (-1, -1), 0.0, None, False, top_left=True)
+        out, _ = _attend(_FN, tokens(query), tokens(key), tokens(value), cu, cu, longest, longest, dropout_p, scale,
+                         causal, (-1, -1), 0.0, None, False, top_left=True)
         return unpacked(out)
     _log.note("attn_mask: key-padding mask run as a variable-length batch")
     idx, cu_k, max_k = _derived.derived(mask, ("sdpa_keys", b), lambda: _kept_keys(mask, b, sk))
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=query.device)
-    k, v = (packed(x, sk).index_select(0, idx) for x in (key, value))
-    out, _ = _attend(_FN, packed(query, sq), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
+    k, v = (tokens(x).index_select(0, idx) for x in (key, value))
+    out, _ = _attend(_FN, tokens(query), k, v, cu_q, cu_k, sq, max_k, dropout_p, scale, False, (-1, -1), 0.0,
                      None, False, top_left=True)
     return unpacked(out)
 

@@ -333,7 +333,7 @@ def _documents_as_sequences(q, k, v, runs, alibi_slopes, scale, causal, top_left
     cu, longest = runs[:2]
     batch, heads, seq = q.shape[:3]
     _log.note("document_ids: packed documents run as a variable-length batch")
-    flat = lambda x: x.transpose(1, 2).reshape(batch * seq, x.shape[1], x.shape[3])  # noqa: E731
+    flat = _documents.tokens
     out, lse = attend(flat(q), flat(k), flat(v), cu, cu, longest, longest, alibi_slopes, scale, causal, top_left,
                       window_left, window_right, softcap, 0.0, False, backend)
     return out.view(batch, seq, heads, -1).transpose(1, 2), lse.view(heads, batch, seq).transpose(0, 1)

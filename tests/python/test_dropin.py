@@ -367,6 +367,8 @@ def test_sdpa_mask_refusals():
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask and is_causal are both set"):
         tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, dtype=torch.bool), is_causal=True)
+    with pytest.raises(tileattn.Error, match="attn_mask is on meta and query on cpu; expected one device"):
+        tileattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool, device="meta"))
 
 
 def test_flash_attn_refusals_name_the_argument():
