@@ -22,7 +22,12 @@ _checked = {}
 
 
 def _state(lists):
-    return tuple(None if t is None else t._version for t in lists)
+    """The tensors' version counters, or None where one has none (an inference-mode tensor: such
+    masks are checked at every use)."""
+    try:
+        return tuple(None if t is None else t._version for t in lists)
+    except RuntimeError:
+        return None
 
 
 def seen(lists, sizes):
@@ -33,7 +38,8 @@ def seen(lists, sizes):
     if entry is None:
         return False
     refs, versions, checked_sizes, _ = entry
-    if checked_sizes != sizes or versions != _state(lists):
+    state = _state(lists)
+    if state is None or checked_sizes != sizes or versions != state:
         return False
     return all((r is None and t is None) or (r is not None and r() is t) for r, t in zip(refs, lists))
 
@@ -41,10 +47,13 @@ def seen(lists, sizes):
 def remember(lists, sizes, implied=False):
     """Records lists as checked against sizes (called after a call that checked them passed), and
     whether they add nothing to the call's element rule."""
+    state = _state(lists)
+    if state is None:
+        return
     if len(_checked) >= _LIMIT:
         _checked.clear()
     refs = tuple(None if t is None else weakref.ref(t) for t in lists)
-    _checked[id(lists[0])] = (refs, _state(lists), sizes, implied)
+    _checked[id(lists[0])] = (refs, state, sizes, implied)
 
 
 def implied(lists):

@@ -585,6 +585,12 @@ def test_checked_masks_follow_identity_version_and_sizes():
     assert not _checked_masks.seen((num, idx, num, idx), sizes)
     idx[0, 0, 1, 0] = 1
     assert not _checked_masks.seen(lists, sizes)
+    with torch.inference_mode():  # no version counters: never remembered, checked at every use
+        frozen = (num.clone(), idx.clone(), None, None)
+    _checked_masks.remember(frozen, sizes)
+    assert not _checked_masks.seen(frozen, sizes)
+    _checked_masks.remember(lists, sizes)
+    assert not _checked_masks.seen(lists[:4] + (frozen[0],), sizes)  # document ids made under inference_mode
 
 
 def test_implied_masks_agree_with_the_elements():
