@@ -188,6 +188,10 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         lists = _dense_mask.block_lists(mask, block_q, block_k)
         check_device_indices = False
     docs_q, docs_k = _documents(fn, document_ids)
+    for x in (docs_q, docs_k):
+        if x is not None and not is_torch(x):
+            raise TypeError(f"tileattn.flex_attention: document_ids holds a {type(x).__name__}, expected an int32 "
+                            "torch.Tensor [batch, seq] (or a pair of them, queries' and keys')")
     prefix, prefix_lens = _prefix(fn, prefix_len)
     left, right = _checks.window(fn, window_size, causal)
     out, lse = _torch_ops.flex(

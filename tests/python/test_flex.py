@@ -508,6 +508,7 @@ def test_flex_attention_dense_mask_compiles_and_errors():
     (dict(scale="x"), TypeError, r"scale = 'x' is a str, expected a number"),
     (dict(softcap="x"), TypeError, r"softcap = 'x' is a str, expected a number"),
     (dict(document_ids=(None,) * 3), TypeError, r"document_ids is a tuple of 3"),
+    (dict(document_ids=([0] * 32, [0] * 32)), TypeError, r"document_ids holds a list, expected an int32 torch.Tensor"),
 ])
 def test_flex_attention_arguments_name_themselves(kw, error, match):
     torch, _ = _flex()
