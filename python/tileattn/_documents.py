@@ -71,22 +71,28 @@ def packed(q, k, v, ids_q, ids_k, unrelative):
 def from_mask(mask, batch):
     """(causal, cu_seqlens, longest) where a compact bool mask [batch or 1, heads or 1, s, s] is the
     same for every head and lets each row see exactly its own document's keys (causal: those up to
-    the row) for documents that are runs of positions; else None (rows that see no key included)."""
+    the row) for documents that are runs of positions; else None (rows that see no key included).
+    Most other masks fail on their rows' first key and count (two passes over the mask)."""
     _, heads, sq, sk = mask.shape
-    if sq != sk or sq == 0 or (heads > 1 and not bool((mask == mask[:, :1]).all())):
+    if sq != sk or sq == 0:
         return None
     m = mask[:, 0]
     i = torch.arange(sq, device=m.device)
-    first = m.view(torch.uint8).argmax(-1)  # each row's first visible key
-    last = sk - 1 - m.flip(-1).view(torch.uint8).argmax(-1)
     count = m.sum(-1)
+    first = m.view(torch.uint8).argmax(-1)  # each row's first visible key
+    end = first + count  # where its run ends if its keys are one run
     starts = first == i  # rows where a document starts
     start = torch.where(starts, i, -1).cummax(-1).values  # the start of each row's document
-    after = torch.where(starts, i, sq).flip(-1).cummin(-1).values.flip(-1)  # the next start at or after
-    end = torch.cat([after[:, 1:], after.new_full((after.shape[0], 1), sq)], -1)
-    runs = (count > 0) & (count == last - first + 1) & (first == start)
-    causal = bool((runs & (last == i)).all())
-    if not causal and not bool((runs & (last == end - 1)).all()):
+    runs = (count > 0) & (first == start)
+    causal = bool((runs & (end == i + 1)).all())
+    if not causal:
+        after = torch.where(starts, i, sq).flip(-1).cummin(-1).values.flip(-1)  # the next start at or after
+        following = torch.cat([after[:, 1:], after.new_full((after.shape[0], 1), sq)], -1)
+        if not bool((runs & (end == following)).all()):
+            return None
+    # count keys from the first: they are the run exactly where none lies past its end.
+    last = sk - 1 - m.flip(-1).view(torch.uint8).argmax(-1)
+    if not bool((last < end).all()) or (heads > 1 and not bool((mask == mask[:, :1]).all())):
         return None
     ids = starts.int().cumsum(-1, dtype=torch.int32).expand(batch, sq).contiguous()
     return (causal,) + _runs(ids)[:2]
