@@ -99,8 +99,9 @@ def combine(out_partial: _Array, lse_partial: _Array, *, out: Optional[_Array] =
 
 # Block-sparse attention (FlexAttention's BlockMask or its tensors); the cuda backend takes block
 # sizes that are multiples of 128.
-def flex_attention(query: Any, key: Any, value: Any, block_mask: Any = ..., *, scale: Any = ...,
-                   enable_gqa: Any = ..., return_lse: Any = ..., causal: Any = ..., window_size: Any = ...,
+def flex_attention(query: Any, key: Any, value: Any, score_mod: Any = ..., block_mask: Any = ..., scale: Any = ...,
+                   enable_gqa: Any = ..., return_lse: Any = ..., kernel_options: Any = ..., *, return_aux: Any = ...,
+                   causal: Any = ..., window_size: Any = ...,
                    chunk_size: Any = ..., document_ids: Any = ..., prefix_len: Any = ..., top_left: Any = ...,
                    softcap: Any = ..., alibi_slopes: Any = ..., mask: Any = ...,
                    check_device_indices: Any = ...) -> Any: ...

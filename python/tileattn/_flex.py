@@ -125,12 +125,16 @@ def block_sparse_backward(dout, q, k, v, out, lse, kv_num_blocks=None, kv_indice
     return dq, dk, dv
 
 
-def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa=False, return_lse=False,
-                   causal=False, window_size=(-1, -1), chunk_size=0, document_ids=None, prefix_len=0, top_left=True,
-                   softcap=0.0, alibi_slopes=None, mask=None, check_device_indices=True):
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, return_lse=False,
+                   kernel_options=None, *, return_aux=None, causal=False, window_size=(-1, -1), chunk_size=0,
+                   document_ids=None, prefix_len=0, top_left=True, softcap=0.0, alibi_slopes=None, mask=None,
+                   check_device_indices=True):
     """FlexAttention's call on tileattn: query [batch, heads_q, seq_q, d], key/value [batch, heads_kv,
     seq_k, d] (PyTorch tensors) -> out [batch, heads_q, seq_q, d_v], and lse [batch, heads_q, seq_q]
-    (natural log) with return_lse. block_mask: a torch.nn.attention.flex_attention.BlockMask (its
+    (natural log) with return_lse, or (out, AuxOutput(lse=...)) with return_aux=AuxRequest(lse=True).
+    The arguments before the keyword-only ones are torch's flex_attention's, in its order: score_mod
+    must be None (the kernels run no Python; the score rules are scale, softcap and alibi_slopes), and
+    kernel_options is accepted and ignored (tileattn picks its own tiles). block_mask: a torch.nn.attention.flex_attention.BlockMask (its
     kv_num_blocks, kv_indices, full_kv_* and BLOCK_SIZE are used; its mask_mod is not: the partial
     blocks' element mask is causal / window_size / chunk_size / prefix_len / document_ids), or None for
     dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
@@ -159,6 +163,13 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
                         "any array)")
+    if score_mod is not None:
+        if hasattr(score_mod, "kv_num_blocks"):
+            raise TypeError("tileattn.flex_attention: score_mod is a BlockMask; the fourth argument is score_mod, as "
+                            "in torch's flex_attention: pass block_mask=")
+        raise TypeError(f"tileattn.flex_attention: score_mod = {score_mod!r}; tileattn's kernels run no Python "
+                        "score_mod: pass None and give the score rules as scale=, softcap= and alibi_slopes=")
+    aux = _aux_request(return_aux, return_lse)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if x.ndim != 4:
             raise ValueError(f"tileattn.flex_attention: {name} has shape {tuple(x.shape)}, expected "
@@ -199,4 +210,22 @@ def flex_attention(query, key, value, block_mask=None, *, scale=None, enable_gqa
         None if scale is None else _checks.number(fn, "scale", scale), bool(causal), bool(top_left), left, right,
         _checks.integer(fn, "chunk_size", chunk_size), prefix, _checks.number(fn, "softcap", softcap), _config.backend,
         bool(check_device_indices))
+    if aux is not None:
+        return out, aux(lse)
     return (out, lse) if return_lse else out
+
+
+def _aux_request(request, return_lse):
+    """lse -> torch's AuxOutput for a return_aux request (an AuxRequest), or None without one."""
+    if request is None:
+        return None
+    if return_lse:
+        raise ValueError("tileattn.flex_attention: return_lse and return_aux are both set; pass one")
+    if not hasattr(request, "lse") or not hasattr(request, "max_scores"):
+        raise TypeError(f"tileattn.flex_attention: return_aux is a {type(request).__name__}, expected a "
+                        "torch.nn.attention.flex_attention.AuxRequest")
+    if request.max_scores:
+        raise ValueError("tileattn.flex_attention: return_aux asks for max_scores, which tileattn does not compute "
+                         "(lse only)")
+    from torch.nn.attention.flex_attention import AuxOutput
+    return lambda lse: AuxOutput(lse=lse if request.lse else None)

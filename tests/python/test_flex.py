@@ -517,6 +517,36 @@ def test_flex_attention_arguments_name_themselves(kw, error, match):
         tileattn.flex_attention(q, q, q, **kw)
 
 
+def test_flex_attention_takes_torchs_signature():
+    """torch's flex_attention call forms: (query, key, value, score_mod, block_mask, scale, enable_gqa,
+    return_lse, kernel_options) positionally, return_aux=AuxRequest(lse=True); a Python score_mod, or a
+    BlockMask where score_mod goes, is refused with an error that says what to pass."""
+    torch, flex = _flex()
+    if not hasattr(flex, "AuxRequest"):
+        pytest.skip("this PyTorch has no AuxRequest")
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 96, 96, device="cpu", BLOCK_SIZE=32)
+    want, want_lse = tileattn.flex_attention(q, k, v, block_mask=bm, scale=0.3, return_lse=True, causal=True)
+    got, lse = tileattn.flex_attention(q, k, v, None, bm, 0.3, False, True, {"BLOCK_M": 64}, causal=True)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    got, aux = tileattn.flex_attention(q, k, v, block_mask=bm, scale=0.3, causal=True,
+                                       return_aux=flex.AuxRequest(lse=True))
+    assert isinstance(aux, flex.AuxOutput) and aux.max_scores is None
+    torch.testing.assert_close(aux.lse, want_lse, atol=0, rtol=0)
+    _, aux = tileattn.flex_attention(q, k, v, return_aux=flex.AuxRequest())
+    assert aux.lse is None
+    for kw, error, match in [
+            (dict(score_mod=lambda s, b, h, i, j: s), TypeError, "score_mod = .*; tileattn's kernels run no Python score_mod"),
+            (dict(score_mod=bm), TypeError, "score_mod is a BlockMask; the fourth argument is score_mod"),
+            (dict(return_aux=flex.AuxRequest(lse=True), return_lse=True), ValueError, "return_lse and return_aux"),
+            (dict(return_aux=flex.AuxRequest(max_scores=True)), ValueError, "return_aux asks for max_scores"),
+            (dict(return_aux=True), TypeError, "return_aux is a bool, expected a")]:
+        with pytest.raises(error, match=f"tileattn.flex_attention: {match}"):
+            tileattn.flex_attention(q, k, v, **kw)
+
+
 @pytest.mark.parametrize("size,error,match", [
     ((32.0, 32), TypeError, r"block_mask.BLOCK_SIZE\[0\] = 32.0 is a float, expected an int"),
     ((32, 2**40), tileattn.Error, r"block_mask.BLOCK_SIZE\[1\] = 1099511627776 is outside"),
@@ -529,7 +559,7 @@ def test_flex_attention_block_size_names_itself(size, error, match):
     bm = flex.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 64, 64, device="cpu", BLOCK_SIZE=32)
     bm.BLOCK_SIZE = size
     with pytest.raises(error, match=f"tileattn.flex_attention: {match}"):
-        tileattn.flex_attention(q, q, q, bm)
+        tileattn.flex_attention(q, q, q, block_mask=bm)
 
 
 @pytest.mark.parametrize("kind", ["causal", "window", "documents", "chunked", "dense-mask"])
