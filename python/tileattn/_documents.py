@@ -6,8 +6,9 @@ row of that document's own sequence: under causal, a sliding window, softcap or 
 see only positions relative to the row, and queries and keys share the documents), the call is
 exactly the varlen call over the documents. That call runs the plain varlen kernels, which skip
 other documents' tiles and test no id per element, where the block-sparse kernels test both ids in
-every partial block. The runs are read once per ids tensor (_derived): one synchronization, which
-a training step pays once for all of its layers. A dense boolean mask (SDPA's attn_mask) that is
+every partial block. The runs are read once per ids tensor (_derived): two synchronizations (the
+runs' count, then their lengths and the check), which a training step pays once for all of its
+layers. A dense boolean mask (SDPA's attn_mask) that is
 block-diagonal, causal within each block or not, is such a call too (from_mask).
 """
 
@@ -29,11 +30,11 @@ def _runs(ids):
     starts = flat.nonzero().reshape(-1)
     cu = torch.cat([starts, starts.new_tensor([batch * seq])])
     lens = cu[1:] - cu[:-1]
-    # (sequence, id) per run: a document in two runs repeats its pair.
-    pairs = torch.stack([starts // seq, ids.reshape(-1)[starts].long()])
-    distinct, longest = torch.stack([torch.tensor(torch.unique(pairs, dim=1).shape[1], device=ids.device),
-                                     lens.max()]).tolist()
-    if distinct != starts.numel():
+    # (sequence, id) per run as one int64: a document in two runs repeats its key.
+    key = (starts // seq) * 2**32 + (ids.reshape(-1)[starts].long() + 2**31)
+    ordered = key.sort().values
+    repeated, longest = torch.stack([(ordered[1:] == ordered[:-1]).any().long(), lens.max()]).tolist()
+    if repeated:
         return None
     run = flat.long().cumsum(0) - 1
     base = torch.arange(batch, device=ids.device).repeat_interleave(seq) * seq

@@ -157,8 +157,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     made for packed documents used with their document_ids (each document one run of positions, the
     rule causal, a window or none, no chunk, prefix or dense mask, per-head ALiBi at most): later
     eager calls run the varlen kernels over the documents, as does such a call with no block_mask,
-    where query, key and value are views of [batch, seq, heads, d] memory (one synchronization per
-    ids tensor, which reads its runs; remembered while the tensor is unchanged).
+    where query, key and value are views of [batch, seq, heads, d] memory (two synchronizations per
+    ids tensor, which read its runs; remembered while the tensor is unchanged).
     Block lists built here from a mask are not checked (they are valid by construction)."""
     if not is_torch(query):
         raise TypeError("tileattn.flex_attention: query must be a torch.Tensor (block_sparse_forward takes "
