@@ -785,3 +785,29 @@ def test_flex_attention_cuda_document_mask_runs_as_sequences_once_checked(capsys
     want = tileattn.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, longest, longest, causal=True)
     torch.testing.assert_close(second, want.view(batch, sq, heads, d).transpose(1, 2), atol=0, rtol=0)
     torch.testing.assert_close(second, first, atol=2 ** -7, rtol=2 ** -7)  # other kernels: bf16 rounding apart
+
+
+def test_flex_attention_cuda_mask_under_inference_mode():
+    """A GPU block mask and document ids made under torch.inference_mode have no version counters:
+    every call checks them (none is remembered) and gives what a call outside it gives."""
+    torch, flex = _flex()
+    from tileattn import _checked_masks
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    torch.manual_seed(7)
+    batch, heads, sq, d = 2, 2, 384, 64
+    q, k, v = (_bshd(torch, batch, heads, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ids = (torch.rand(batch, sq, device="cuda") < 0.01).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+    want = tileattn.flex_attention(q, k, v, causal=True, document_ids=ids)
+    bm = flex.create_block_mask(lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki), batch, None, sq, sq,
+                                device="cuda", BLOCK_SIZE=128)
+    with torch.inference_mode():
+        frozen = ids.clone()
+        lists = tuple(t.clone() for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices))
+        frozen_mask = flex.BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=128)
+        for _ in range(2):
+            got = tileattn.flex_attention(q, k, v, block_mask=frozen_mask, causal=True, document_ids=frozen)
+            torch.testing.assert_close(got, want, atol=2 ** -7, rtol=2 ** -7)
+            used = (frozen_mask.kv_num_blocks, frozen_mask.kv_indices, frozen_mask.full_kv_num_blocks,
+                    frozen_mask.full_kv_indices, frozen)
+            assert not _checked_masks.seen(used, (sq, sq, 128, 128, True, True, -1, -1))
