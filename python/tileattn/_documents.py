@@ -8,8 +8,8 @@ exactly the varlen call over the documents. That call runs the plain varlen kern
 other documents' tiles and test no id per element, where the block-sparse kernels test both ids in
 every partial block. The runs are read once per ids tensor (_derived): two synchronizations (the
 runs' count, then their lengths and the check), which a training step pays once for all of its
-layers. A dense boolean mask (SDPA's attn_mask) that is
-block-diagonal, causal within each block or not, is such a call too (from_mask).
+layers. A dense boolean mask (SDPA's attn_mask) that is block-diagonal, causal within each block or
+not, is such a call too (from_mask).
 """
 
 import torch

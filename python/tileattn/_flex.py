@@ -134,8 +134,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     (natural log) with return_lse, or (out, AuxOutput(lse=...)) with return_aux=AuxRequest(lse=True).
     The arguments before the keyword-only ones are torch's flex_attention's, in its order: score_mod
     must be None (the kernels run no Python; the score rules are scale, softcap and alibi_slopes), and
-    kernel_options is accepted and ignored (tileattn picks its own tiles). block_mask: a torch.nn.attention.flex_attention.BlockMask (its
-    kv_num_blocks, kv_indices, full_kv_* and BLOCK_SIZE are used; its mask_mod is not: the partial
+    kernel_options is accepted and ignored (tileattn picks its own tiles).
+    block_mask: a torch.nn.attention.flex_attention.BlockMask (its kv_num_blocks, kv_indices, full_kv_* and BLOCK_SIZE are used; its mask_mod is not: the partial
     blocks' element mask is causal / window_size / chunk_size / prefix_len / document_ids), or None for
     dense attention under that mask. document_ids: int32 [batch, seq] for queries and keys alike (seq_q =
     seq_k), or a pair ([batch, seq_q], [batch, seq_k]). prefix_len: prefix-LM with causal, every row also
@@ -169,7 +169,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                             "in torch's flex_attention: pass block_mask=")
         raise TypeError(f"tileattn.flex_attention: score_mod = {score_mod!r}; tileattn's kernels run no Python "
                         "score_mod: pass None and give the score rules as scale=, softcap= and alibi_slopes=")
-    aux = _aux_request(return_aux, return_lse)
+    _check_aux_request(return_aux, return_lse)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if x.ndim != 4:
             raise ValueError(f"tileattn.flex_attention: {name} has shape {tuple(x.shape)}, expected "
@@ -210,15 +210,16 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         None if scale is None else _checks.number(fn, "scale", scale), bool(causal), bool(top_left), left, right,
         _checks.integer(fn, "chunk_size", chunk_size), prefix, _checks.number(fn, "softcap", softcap), _config.backend,
         bool(check_device_indices))
-    if aux is not None:
-        return out, aux(lse)
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+        return out, AuxOutput(lse=lse if return_aux.lse else None)
     return (out, lse) if return_lse else out
 
 
-def _aux_request(request, return_lse):
-    """lse -> torch's AuxOutput for a return_aux request (an AuxRequest), or None without one."""
+def _check_aux_request(request, return_lse):
+    """return_aux: None, or an AuxRequest for the LSE alone."""
     if request is None:
-        return None
+        return
     if return_lse:
         raise ValueError("tileattn.flex_attention: return_lse and return_aux are both set; pass one")
     if not hasattr(request, "lse") or not hasattr(request, "max_scores"):
@@ -227,5 +228,3 @@ def _aux_request(request, return_lse):
     if request.max_scores:
         raise ValueError("tileattn.flex_attention: return_aux asks for max_scores, which tileattn does not compute "
                          "(lse only)")
-    from torch.nn.attention.flex_attention import AuxOutput
-    return lambda lse: AuxOutput(lse=lse if request.lse else None)

@@ -752,6 +752,17 @@ def test_flex_attention_cuda_mask_is_checked_once_and_again_when_written():
         tileattn.flex_attention(q, k, v, block_mask=bm, causal=True)  # not remembered after the failure
 
 
+def _cuda_documents(torch, flex, seed, batch, heads, sq, d):
+    """bf16 q, k, v on the GPU ([batch, seq, heads, d] memory), packed documents' ids and the
+    BlockMask of causal attention within them."""
+    torch.manual_seed(seed)
+    q, k, v = (_bshd(torch, batch, heads, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ids = (torch.rand(batch, sq, device="cuda") < 0.01).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+    bm = flex.create_block_mask(lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki), batch, None, sq, sq,
+                                device="cuda", BLOCK_SIZE=128)
+    return q, k, v, ids, bm
+
+
 def test_flex_attention_cuda_document_mask_runs_as_sequences_once_checked(capsys):
     """A GPU block mask made for packed documents, used with their ids: its first use checks it (the
     block-sparse call); found to add nothing to causal within the documents, later calls are the
@@ -760,12 +771,8 @@ def test_flex_attention_cuda_document_mask_runs_as_sequences_once_checked(capsys
     from tileattn import _checked_masks, _documents, _log
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    torch.manual_seed(4)
     batch, heads, sq, d = 2, 4, 700, 64
-    q, k, v = (_bshd(torch, batch, heads, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    ids = (torch.rand(batch, sq, device="cuda") < 0.01).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
-    bm = flex.create_block_mask(lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki), batch, None, sq, sq,
-                                device="cuda", BLOCK_SIZE=128)
+    q, k, v, ids, bm = _cuda_documents(torch, flex, 4, batch, heads, sq, d)
     lists = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, ids)
     sizes = (sq, sq, 128, 128, True, True, -1, -1)
     _log.set_enabled(True)
@@ -794,13 +801,9 @@ def test_flex_attention_cuda_mask_under_inference_mode():
     from tileattn import _checked_masks
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    torch.manual_seed(7)
-    batch, heads, sq, d = 2, 2, 384, 64
-    q, k, v = (_bshd(torch, batch, heads, sq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    ids = (torch.rand(batch, sq, device="cuda") < 0.01).to(torch.int32).cumsum(dim=1, dtype=torch.int32)
+    sq = 384
+    q, k, v, ids, bm = _cuda_documents(torch, flex, 7, 2, 2, sq, 64)
     want = tileattn.flex_attention(q, k, v, causal=True, document_ids=ids)
-    bm = flex.create_block_mask(lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (qi >= ki), batch, None, sq, sq,
-                                device="cuda", BLOCK_SIZE=128)
     with torch.inference_mode():
         frozen = ids.clone()
         lists = tuple(t.clone() for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices))
