@@ -1,6 +1,7 @@
 // Hopper's bulk copy engine adding a contiguous shared-memory buffer into global memory
-// (cp.reduce.async.bulk, sm_90), and the waits on those adds: one instruction from one thread
-// replaces a tile's worth of per-thread atomics and leaves the issuing warps free.
+// (cp.reduce.async.bulk, sm_90) or copying it there (cp.async.bulk), and the waits on those:
+// one instruction from one thread replaces a tile's worth of per-thread atomics and leaves the
+// issuing warps free.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,15 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* global, const float* 
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global), "r"(s),
                "r"(bytes)
+               : "memory");
+#endif
+}
+
+// global[0, bytes) = shared[0, bytes), asynchronously; the same alignment as bulk_reduce_add_f32.
+__device__ __forceinline__ void bulk_store(float* global, const float* shared, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(global), "r"(s), "r"(bytes)
                : "memory");
 #endif
 }
@@ -40,9 +50,9 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
-// Turnstiles between blocks: a block waits until `count` blocks have passed, then passes itself
-// once its bulk writes are complete (bulk_wait). The proxy fences order the copy engine's writes
-// with the counter on both sides.
+// Turnstiles between blocks: a block waits until the counter reaches `count`, then passes itself
+// (adding `by`) once its bulk writes are complete (bulk_wait). The proxy fences order the copy
+// engine's writes with the counter on both sides.
 __device__ __forceinline__ void turn_wait(const int* turn, int count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   int seen;
@@ -53,10 +63,10 @@ __device__ __forceinline__ void turn_wait(const int* turn, int count) {
 #endif
 }
 
-__device__ __forceinline__ void turn_pass(int* turn) {
+__device__ __forceinline__ void turn_pass(int* turn, int by = 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(turn), "r"(by) : "memory");
 #endif
 }
 
