@@ -1,7 +1,7 @@
 // The cuda backend's backward entry point: D = rowsum(dO * O), the dK/dV kernel (adding dQ into
 // fp32 rows; in the deterministic mode in a fixed order on Hopper, by its own kernel elsewhere),
 // then dQ converted to the output dtype. Scratch, all O(N): D per (head, query row), the fp32 dQ
-// rows where dQ is summed, the deterministic mode's turn counters per (head, query tile), and fp32
+// rows where dQ is summed, the Hopper kernel's turn counters per (head, query tile), and fp32
 // dK, dV rows per (KV head, key row) where a group's heads are split over blocks.
 #include <cuda_runtime.h>
 
@@ -132,12 +132,13 @@ Scratch scratch(const Problem& p, const BackwardArgs& a) {
   const std::size_t rows = std::size_t(rows_all) * p.heads_q;
   const BwdInstance* in = find_instance(p.dtype, p.hdim());
   const std::size_t cols = in ? in->hdim : 0;
-  const bool ordered = a.options.deterministic && in && in->runs_sm90(grid(p, a));
+  const bool sm90 = in && in->runs_sm90(grid(p, a));
+  const bool ordered = a.options.deterministic && sm90;
   const bool summed = !a.options.deterministic || ordered;
   const std::int64_t rows_k = rows_k_total(p, a);
   const std::size_t key_rows = std::size_t(rows_k) * p.heads_kv;
   const int parts = group_parts(p, a, in);
-  const std::int64_t dq_turns = ordered ? turn_count(rows_all, p.heads_q, p.batch) : 0;
+  const std::int64_t dq_turns = sm90 ? turn_count(rows_all, p.heads_q, p.batch) : 0;
   const std::int64_t dkv_turns = ordered && parts > 1 ? turn_count(rows_k, p.heads_kv, p.batch) : 0;
   return {parts, dkv_turns ? dq_turns : 0, round_up(rows * sizeof(float)),
           summed ? round_up(rows * cols * sizeof(float)) : 0, round_up(std::size_t(dq_turns + dkv_turns) * sizeof(int)),

@@ -3,8 +3,9 @@
 // head of the GQA group stream by.
 //   Producer warpgroup (after giving most of its registers away): a loader warp streams Q and dO
 //   (TMA) with LSE and D (its lanes) through two stages, mbarriers counting what lands; a writer
-//   thread adds each query tile's dQ, staged in shared memory, into the fp32 dQ rows by bulk
-//   reductions, in key-block order in the deterministic mode.
+//   thread moves each query tile's dQ, staged in shared memory, into the fp32 dQ rows by bulk
+//   copies (the first key block's a store, the others' reductions), in key-block order in the
+//   deterministic mode.
 //   Two consumer warpgroups: S^T = K Q^T and dP^T = V dO^T from shared memory (issued together;
 //   P^T is formed while dP^T is still in flight), dV += P^T dO, dK += dS^T Q, and dQ = dS K with
 //   dS^T through shared memory (the warpgroups split dQ's head dim). The one point where the
@@ -454,12 +455,18 @@ __device__ __forceinline__ void stage_dq(const Acc& acc_dq, const C& cdq, char* 
   }
 }
 
-// The dQ writer thread: adds each staged query tile (its pair handed over by the consumers) into
-// the fp32 dQ rows with one bulk reduction (two in the stage: its halves) and frees the buffer, or
-// the stage, once it is read. The deterministic mode first waits for the tile's turn
-// (every later key block that sees the tile adds first: those up to the tile's last key) and passes
-// it once the addition has landed: while the next tile's runs, or (T::kPassEarly) as soon as the
-// next tile's dQ is handed over.
+// The dQ writer thread: moves each staged query tile (its pair handed over by the consumers) into
+// the fp32 dQ rows with one bulk copy (two in the stage: its halves) and frees the buffer, or the
+// stage, once it is read. The rows start unwritten (no pass zeroes them): the first key block to
+// reach a tile stores it and the others add to it, which the tile's turn counter (dq_turn_index)
+// orders; a nonzero counter also tells the conversion that the tile was written (a 128-row tile
+// marks its second 64 rows' counter too). The default mode takes a ticket from the counter: the
+// first stores and passes kDqStored once the store has landed, the others wait for that, then
+// add. The deterministic mode waits for the tile's turn (every later key block that sees the tile
+// adds first: those up to the tile's last key; turn 0 stores) and passes it once its copy has
+// landed: while the next tile's runs, or (T::kPassEarly) as soon as the next tile's dQ is handed
+// over.
+inline constexpr int kDqStored = 1 << 24;  // above any count of key blocks
 template <class T, bool kDeterministic, bool kVariant, class W>
 __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
                                                   int n_block, char* smem, BwdBarriersSm90& bars) {
@@ -471,18 +478,25 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
     if (!take_pair<kVariant, T::kDqStages>(bars.dq_full[buf], bars.dq_pair[buf], w, x, t)) break;
     const int h = x.h, m0 = x.m0;
     float* dq = p.dq_accum + (h * p.rows_total + s.row_base + m0) * T::kHeadDim;
+    int* const turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
     const DqStage d = dq_stage<T>(smem, buf);
     const int rows = min(kBlockM, s.sq - m0);
     // In the stage, each half is a group of its own, so that the Q half is freed for the loader
     // as soon as it is read.
     constexpr int kRow = T::kHeadDim * int(sizeof(float)), kHalf = kBlockM / 2;
     const bool two = T::kDqInStage && rows > kHalf;
-    auto reduce = [&] {
-      bulk_reduce_add_f32(dq, d.lo, (T::kDqInStage ? min(rows, kHalf) : rows) * kRow);
-      bulk_commit();
-      if (two) {
-        bulk_reduce_add_f32(dq + kHalf * T::kHeadDim, d.hi, (rows - kHalf) * kRow);
+    auto move = [&](bool store) {
+      auto part = [&](float* to, const float* from, int bytes) {
+        if (store)
+          bulk_store(to, from, bytes);
+        else
+          bulk_reduce_add_f32(to, from, bytes);
         bulk_commit();
+      };
+      part(dq, d.lo, (T::kDqInStage ? min(rows, kHalf) : rows) * kRow);
+      if (two) part(dq + kHalf * T::kHeadDim, d.hi, (rows - kHalf) * kRow);
+      if (store) {
+        for (int r = kDqTurnRows; r < rows; r += kDqTurnRows) atomicAdd(turn + r / kDqTurnRows, 1);
       }
     };
     if constexpr (kDeterministic) {
@@ -491,10 +505,10 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
         turn_pass(passing);
         passing = nullptr;
       }
-      int* turn = p.dq_turns + dq_turn_index(p, h, s.row_base, b, m0);
-      turn_wait(turn, (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block);
-      reduce();
-      if (passing != nullptr) {  // the previous tile's additions have landed
+      const int order = (w.var.key_end(min(m0 + kBlockM, s.sq) - 1) - 1) / T::kBlockN - n_block;
+      turn_wait(turn, order);
+      move(order == 0);
+      if (passing != nullptr) {  // the previous tile's copies have landed
         if (two)
           bulk_wait<2>();
         else
@@ -502,8 +516,13 @@ __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdS
         turn_pass(passing);
       }
       passing = turn;
+    } else if (atomicAdd(turn, 1) == 0) {
+      move(true);
+      bulk_wait<0>();
+      turn_pass(turn, kDqStored);
     } else {
-      reduce();
+      turn_wait(turn, kDqStored);
+      move(false);
     }
     if constexpr (T::kDqInStage) {
       if (two)

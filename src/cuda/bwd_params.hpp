@@ -22,8 +22,11 @@ struct BwdParams {
   // (batched) or cu_seqlens_q[b] + i (varlen), out of rows_total.
   float* dsum;      // [heads_q][rows_total]: D = rowsum(dO * O)
   float* dq_accum;  // [heads_q][rows_total][dq_cols]: dQ summed over key blocks, columns as dq_column
-  // Deterministic mode on Hopper: per (head, query tile), how many key blocks have added their dQ
-  // (dq_turn_index); each block adds after every block before it.
+  // Hopper: per (head, 64-row query tile; dq_turn_index), zeroed before the kernel, which counts
+  // the key blocks that have reached the tile (the default mode's tickets, the deterministic mode's
+  // turns: each block adds after every block before it) and leaves it nonzero once the tile's rows
+  // are written; the rows of a tile left at 0 are dQ = 0 (no zeroing pass). Null elsewhere: the
+  // portable kernels' rows are zeroed by the D kernel.
   int* dq_turns;
   std::int64_t rows_total;
   int dq_cols;      // the kernel's head dim
@@ -56,8 +59,8 @@ struct BwdParams {
 // contiguous. Every writer and the conversion go through this one map; dq_cols >= 32.
 TA_HD int dq_column(std::int64_t row, int col) { return (((col >> 2) ^ (int(row & 3) << 1)) << 2) | (col & 3); }
 
-// The tiles the deterministic mode orders its adds by: 64 rows of one sequence (query rows for dQ,
-// key rows for dK and dV).
+// The tiles the Hopper kernel orders its dQ copies by (and the deterministic mode its dK, dV
+// additions): 64 rows of one sequence (query rows for dQ, key rows for dK and dV).
 inline constexpr int kDqTurnRows = 64;
 // Distinct for every (head, sequence, tile) even where sequences start mid-tile (varlen).
 TA_HD std::int64_t turn_index(std::int64_t rows, int batch, int h, std::int64_t row_base, int b, int r0) {

@@ -1,8 +1,8 @@
 // The backward's per-row kernels, 16-byte accesses, one thread per 8 columns and as many rows per
 // warp as fit (a row's threads are a power of two, so they reduce by shuffles within the warp):
-// D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed) before the main kernels, and the
-// accumulator scaled and converted to the output dtype after them (and a split group's dK, dV
-// accumulators converted).
+// D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed for the portable kernels) before
+// the main kernels, and the accumulator scaled and converted to the output dtype after them (and a
+// split group's dK, dV accumulators converted).
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
@@ -64,10 +64,38 @@ __global__ void dsum_kernel(const BwdParams p, int tpr) {
   for (int s = tpr / 2; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (!live) return;
   if (lane == 0) p.dsum[h * p.rows_total + row] = sum;
-  if (p.dq_accum != nullptr) {
+  if (p.dq_accum != nullptr && p.dq_turns == nullptr) {  // the Hopper kernel stores first
     float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
     for (int c = lane * 4; c < p.dq_cols; c += tpr * 4) *reinterpret_cast<float4*>(acc + c) = make_float4(0, 0, 0, 0);
   }
+}
+
+// Whether the Hopper kernel wrote dQ row `row` (of the whole batch) of head h: its 64-row tile's
+// turn counter is nonzero. False for rows past the sequences (varlen tails) and for tiles no key
+// block reached (rows that see no key).
+__device__ __forceinline__ bool dq_written(const BwdParams& p, std::int64_t row, int h) {
+  const FwdParams& f = p.fwd;
+  int b = 0;
+  std::int64_t i = row;
+  if (f.cu_q == nullptr) {
+    b = int(row / f.seqlen_q);
+    i = row % f.seqlen_q;
+  } else {  // the last sequence starting at or before the row
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (seq_rows(f, mid).q_start <= row)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    b = lo;
+    const SeqRows r = seq_rows(f, b);
+    i = row - r.q_start;
+    if (i < 0 || i >= r.sq) return false;
+  }
+  const std::int64_t row_base = row - i;
+  return p.dq_turns[dq_turn_index(p, h, row_base, b, int(i / kDqTurnRows * kDqTurnRows))] != 0;
 }
 
 template <class E>
@@ -78,12 +106,13 @@ __global__ void dq_convert_kernel(const BwdParams p, int tpr) {
   const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
   E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
   const float scale = ds_scale(p.fwd);
+  const bool written = p.dq_turns == nullptr || dq_written(p, row, h);  // else never-written memory
   const std::int64_t acc_row = h * p.rows_total + row;
   for (int c = lane * 8; c < p.fwd.d_qk; c += tpr * 8) {
     // dq_column keeps an aligned group of 8 columns together (its permutation moves 4-column
     // chunks in pairs).
     Vec8 v = *reinterpret_cast<const Vec8*>(acc + dq_column(acc_row, c));
-    for (int e = 0; e < 8; ++e) v[e] *= scale;
+    for (int e = 0; e < 8; ++e) v[e] = written ? v[e] * scale : 0.f;
     *reinterpret_cast<cutlass::Array<E, 8>*>(dq + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
   }
 }
