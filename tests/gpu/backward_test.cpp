@@ -386,6 +386,58 @@ TEST_F(GpuBackward, TakesAWorkspaceAtAnyAlignment) {
   }
 }
 
+// Nothing zeroes the fp32 dQ rows on Hopper (a tile's first key block stores, the others add), so
+// a workspace full of NaN bytes must give the gradients of a fresh allocation: rows that see no
+// key (bottom-right causal, seqlen_q > seqlen_k; a varlen sequence without keys), rows past the
+// sequences' ends and tiles a sequence ends inside, in both modes.
+TEST_F(GpuBackward, IgnoresWhatTheWorkspaceHeld) {
+  const std::uint64_t seed = fresh_seed();
+  Case causal = base_case(DType::bf16, 300, 170, 128);
+  causal.options.causal = true;  // rows 0..129 see no key
+  Case varlen = base_case(DType::bf16, 0, 0, 64);
+  varlen.batch = 5;
+  varlen.varlen = true;
+  varlen.lens_q = {150, 0, 77, 200, 1};
+  varlen.lens_k = {190, 60, 0, 200, 129};
+  varlen.seqlen_q = varlen.seqlen_k = 200;
+  for (Case c : {causal, varlen})
+    for (bool deterministic : {true, false}) {
+      c.options.deterministic = deterministic;
+      SCOPED_TRACE("seed " + std::to_string(seed) + ": " + c.str());
+      const Grads own = check_case(c, seed);
+      std::mt19937_64 rng(seed);  // check_case's draw again
+      CaseTensors t(c, rng);
+      reference_forward(c, t);
+      OnDevice d(c, t);
+      BackwardArgs a = d.args(c, t);
+      const std::size_t bytes = workspace_size(a);
+      DeviceBuffer buf(bytes);
+      buf.fill(0xff);
+      a.options.workspace = buf.data();
+      a.options.workspace_bytes = bytes;
+      backward(a);
+      device_synchronize();
+      d.dq.to_host(t.dq);
+      d.dk.to_host(t.dk);
+      d.dv.to_host(t.dv);
+      const std::vector<double> dq = t.dq.to_f64();
+      ASSERT_TRUE(all_finite(dq)) << "dq has a NaN or Inf";
+      EXPECT_EQ(t.dk.to_f64(), own.dk);
+      EXPECT_EQ(t.dv.to_f64(), own.dv);
+      if (deterministic) {
+        EXPECT_EQ(dq, own.dq);
+      } else {  // the additions' order varies
+        double worst = 0, scale = 0;
+        for (std::size_t i = 0; i < dq.size(); ++i) {
+          worst = std::max(worst, std::abs(dq[i] - own.dq[i]));
+          scale = std::max(scale, std::abs(own.dq[i]));
+          if (own.dq[i] == 0) EXPECT_EQ(dq[i], 0.0) << "dq element " << i;
+        }
+        EXPECT_LE(worst, scale / 64) << "largest dq difference";
+      }
+    }
+}
+
 TEST_F(GpuBackward, RejectsWhatTheKernelCannotTake) {
   std::mt19937_64 rng(fresh_seed());
   Case c = base_case(DType::bf16, 64, 64, 64);

@@ -37,6 +37,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   std::swap(bytes_, o.bytes_);
   return *this;
 }
+void DeviceBuffer::fill(unsigned char byte) { check(cudaMemset(data_, byte, bytes_), "cudaMemset"); }
 
 DeviceTensor::DeviceTensor(const HostTensor& host) : buf_(storage_bytes(host)), view_(host.view()) {
   check(cudaMemcpy(buf_.data(), view_.data, storage_bytes(host), cudaMemcpyHostToDevice), "cudaMemcpy to device");

@@ -25,6 +25,7 @@ class DeviceBuffer {
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  void fill(unsigned char byte);  // every byte (cudaMemset, on the default stream)
 
  private:
   void* data_ = nullptr;
