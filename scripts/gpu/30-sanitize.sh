@@ -48,7 +48,12 @@ run() {
   local t0 status
   t0=$(date +%s)
   echo "--- $tool, $label: $filter" >>"$log"
-  env "$@" compute-sanitizer --tool "$tool" --error-exitcode 1 "$tests" --gtest_filter="$filter" \
+  # initcheck does not see the copy engine's stores (cp.async.bulk), so the dQ rows the Hopper
+  # backward stores that way read as never written in the conversion kernel, which
+  # GpuBackward.IgnoresWhatTheWorkspaceHeld checks instead (every workspace byte NaN beforehand).
+  local opts=()
+  [ "$tool" = initcheck ] && opts=(--kernel-name-exclude kns=dq_convert_kernel)
+  env "$@" compute-sanitizer --tool "$tool" "${opts[@]}" --error-exitcode 1 "$tests" --gtest_filter="$filter" \
     >"$OUT/sanitize-part.log" 2>&1
   status=$?
   cat "$OUT/sanitize-part.log" >>"$log"
