@@ -106,13 +106,15 @@ __global__ void dq_convert_kernel(const BwdParams p, int tpr) {
   const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
   E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
   const float scale = ds_scale(p.fwd);
-  const bool written = p.dq_turns == nullptr || dq_written(p, row, h);  // else never-written memory
+  const bool written = p.dq_turns == nullptr || dq_written(p, row, h);  // else never-written memory: not read
   const std::int64_t acc_row = h * p.rows_total + row;
   for (int c = lane * 8; c < p.fwd.d_qk; c += tpr * 8) {
     // dq_column keeps an aligned group of 8 columns together (its permutation moves 4-column
     // chunks in pairs).
-    Vec8 v = *reinterpret_cast<const Vec8*>(acc + dq_column(acc_row, c));
-    for (int e = 0; e < 8; ++e) v[e] = written ? v[e] * scale : 0.f;
+    Vec8 v;
+    v.fill(0.f);
+    if (written) v = *reinterpret_cast<const Vec8*>(acc + dq_column(acc_row, c));
+    for (int e = 0; e < 8; ++e) v[e] *= scale;
     *reinterpret_cast<cutlass::Array<E, 8>*>(dq + c) = cutlass::NumericArrayConverter<E, float, 8>{}(v);
   }
 }
