@@ -60,6 +60,16 @@ struct OnDevice {
     a.options.backend = Backend::cuda;
     return a;
   }
+
+  // backward(a) on these tensors, its gradients read back into t.
+  Grads run(const BackwardArgs& a, CaseTensors& t) const {
+    backward(a);
+    device_synchronize();
+    dq.to_host(t.dq);
+    dk.to_host(t.dk);
+    dv.to_host(t.dv);
+    return {t.dq.to_f64(), t.dk.to_f64(), t.dv.to_f64()};
+  }
 };
 
 // The reference's forward (out, lse) in t, so that every backend differentiates the same one.
@@ -73,13 +83,26 @@ Grads gpu_backward(const Case& c, CaseTensors& t) {
   t.dq.poison();
   t.dk.poison();
   t.dv.poison();
-  OnDevice d(c, t);
-  backward(d.args(c, t));
-  device_synchronize();
-  d.dq.to_host(t.dq);
-  d.dk.to_host(t.dk);
-  d.dv.to_host(t.dv);
-  return {t.dq.to_f64(), t.dk.to_f64(), t.dv.to_f64()};
+  const OnDevice d(c, t);
+  return d.run(d.args(c, t), t);
+}
+
+// Two runs of one call: the same gradients, bitwise in the deterministic mode; in the default mode,
+// whose atomics' order varies, dq as close as that allows (and exactly 0 where the first run's is).
+void expect_same_call(const Grads& got, const Grads& first, bool deterministic) {
+  EXPECT_EQ(got.dk, first.dk);
+  EXPECT_EQ(got.dv, first.dv);
+  if (deterministic) {
+    EXPECT_EQ(got.dq, first.dq);
+    return;
+  }
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < got.dq.size(); ++i) {
+    worst = std::max(worst, std::abs(got.dq[i] - first.dq[i]));
+    scale = std::max(scale, std::abs(first.dq[i]));
+    if (first.dq[i] == 0) EXPECT_EQ(got.dq[i], 0.0) << "dq element " << i;
+  }
+  EXPECT_LE(worst, scale / 64) << "largest dq difference";
 }
 
 Grads reference_backward(const Case& c, CaseTensors& t, cpu::RefPrecision prec) {
@@ -364,24 +387,7 @@ TEST_F(GpuBackward, TakesAWorkspaceAtAnyAlignment) {
       SCOPED_TRACE("deterministic " + std::to_string(deterministic) + ", 256-byte boundary + " + std::to_string(skew));
       a.options.workspace = static_cast<char*>(buf.data()) + align_skip(buf.data(), 256) + skew;
       a.options.workspace_bytes = bytes;
-      backward(a);
-      device_synchronize();
-      d.dq.to_host(t.dq);
-      d.dk.to_host(t.dk);
-      d.dv.to_host(t.dv);
-      EXPECT_EQ(t.dk.to_f64(), own.dk);
-      EXPECT_EQ(t.dv.to_f64(), own.dv);
-      if (deterministic) {
-        EXPECT_EQ(t.dq.to_f64(), own.dq);
-      } else {  // the atomics' order varies: as close as two runs of the same call
-        const std::vector<double> dq = t.dq.to_f64();
-        double worst = 0, scale = 0;
-        for (std::size_t i = 0; i < dq.size(); ++i) {
-          worst = std::max(worst, std::abs(dq[i] - own.dq[i]));
-          scale = std::max(scale, std::abs(own.dq[i]));
-        }
-        EXPECT_LE(worst, scale / 64) << "largest dq difference";
-      }
+      expect_same_call(d.run(a, t), own, deterministic);
     }
   }
 }
@@ -415,26 +421,9 @@ TEST_F(GpuBackward, IgnoresWhatTheWorkspaceHeld) {
       buf.fill(0xff);
       a.options.workspace = buf.data();
       a.options.workspace_bytes = bytes;
-      backward(a);
-      device_synchronize();
-      d.dq.to_host(t.dq);
-      d.dk.to_host(t.dk);
-      d.dv.to_host(t.dv);
-      const std::vector<double> dq = t.dq.to_f64();
-      ASSERT_TRUE(all_finite(dq)) << "dq has a NaN or Inf";
-      EXPECT_EQ(t.dk.to_f64(), own.dk);
-      EXPECT_EQ(t.dv.to_f64(), own.dv);
-      if (deterministic) {
-        EXPECT_EQ(dq, own.dq);
-      } else {  // the additions' order varies
-        double worst = 0, scale = 0;
-        for (std::size_t i = 0; i < dq.size(); ++i) {
-          worst = std::max(worst, std::abs(dq[i] - own.dq[i]));
-          scale = std::max(scale, std::abs(own.dq[i]));
-          if (own.dq[i] == 0) EXPECT_EQ(dq[i], 0.0) << "dq element " << i;
-        }
-        EXPECT_LE(worst, scale / 64) << "largest dq difference";
-      }
+      const Grads got = d.run(a, t);
+      ASSERT_TRUE(all_finite(got.dq)) << "dq has a NaN or Inf";
+      expect_same_call(got, own, deterministic);
     }
 }
 
