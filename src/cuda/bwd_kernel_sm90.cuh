@@ -27,6 +27,7 @@
 #include "cuda/bulk_reduce.cuh"
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/cute_utils.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/tma_view.cuh"
 
 namespace tileattn::cuda {
@@ -321,7 +322,10 @@ __device__ __forceinline__ void add_dkv(const BwdParams& p, int hk, std::int64_t
   int* const turn = kDeterministic ? p.dkv_turns + dkv_turn_index(p, hk, key_base, b, n0) : nullptr;
   const bool first = threadIdx.x == cutlass::NumThreadsPerWarpGroup;  // the consumers' first thread
   if constexpr (kDeterministic) {
-    if (first) turn_wait(turn, part);
+    if (first) {
+      wait_for_primary();  // the D kernel zeroes the turns
+      turn_wait(turn, part);
+    }
     sync();
   }
   add();
@@ -351,6 +355,7 @@ __device__ __forceinline__ void bwd_sm90_load(const BwdParams& p, const BwdTmaSm
   Tensor tdOs = cdo.partition_D(sdO);
   constexpr int kRowsPerLane = kBlockM / 32;
   static_assert(kBlockM % 32 == 0);
+  wait_for_primary();  // D's rows
   int t = 0;
   for (BwdPair x = w.first();; x = w.after(x), ++t) {
     const int st = t & 1, h = x.h, m0 = x.m0, ph = ((t >> 1) + 1) & 1;
@@ -471,6 +476,7 @@ template <class T, bool kDeterministic, bool kVariant, class W>
 __device__ __forceinline__ void bwd_sm90_write_dq(const BwdParams& p, const BwdSeq& s, int b, const W& w,
                                                   int n_block, char* smem, BwdBarriersSm90& bars) {
   constexpr int kBlockM = T::kBlockM;
+  wait_for_primary();  // the D kernel zeroes the turns
   int* passing = nullptr;
   BwdPair x = w.first();
   for (int t = 0;; ++t) {
@@ -628,7 +634,9 @@ __device__ __forceinline__ void bwd_sm90_produce(const BwdParams& p, const BwdTm
 
 // kMods, kVariant: as in the portable kernels (bwd_kernel.cuh, key_tiles.cuh). The variant's
 // instantiation is not deterministic: a block mask's visited key blocks per query tile, which the
-// turns count, are not a range.
+// turns count, are not a range. Launched as the D kernel's programmatic dependent (bwd_launch.cuh):
+// K, V and the barriers are readied while that kernel ends, and what it writes (D, the turns) is
+// read only behind wait_for_primary (the loader, the writer, add_dkv).
 template <class T, bool kMods, bool kDeterministic, bool kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTmaSm90<T> tma) {
@@ -638,12 +646,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using NamedBarrier = cutlass::arch::NamedBarrier;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_sm90[];
+  allow_dependent_launch();  // the dQ conversion waits for the whole kernel on the device
   const FwdParams& f = p.fwd;
   const BwdBlock blk = bwd_block<kDeterministic>(p);
   const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
-  if (n0 >= s.sk) return;
+  if (n0 >= s.sk) {
+    wait_for_primary();  // so that the kernel ends after the D kernel, whatever its blocks do
+    return;
+  }
   Variant var = restricted<kVariant>(s.var);
   // The dense mask, where there is one, is per query head: the walk needs only whether there is
   // one (the group's first head's); the consumers set each tile's head below.

@@ -141,12 +141,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using NamedBarrier = cutlass::arch::NamedBarrier;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kConsumers = T::kConsumers;
   extern __shared__ __align__(1024) char smem_bwd_wide[];
+  allow_dependent_launch();  // as bwd_kernel_sm90's
   const FwdParams& f = p.fwd;
   const BwdBlock blk = bwd_block<kDeterministic>(p);
   const int n_block = blk.n, b = blk.b, hk = blk.z / p.group_parts, tid = threadIdx.x;
   const BwdSeq s(p, b);
   const int n0 = n_block * kBlockN;
-  if (n0 >= s.sk) return;
+  if (n0 >= s.sk) {
+    wait_for_primary();  // as bwd_kernel_sm90's
+    return;
+  }
   const Variant var = restricted<false>(s.var);
   const auto w = bwd_walk<kBlockM, kBlockN, false, kDeterministic>(p, s, var, b, blk.z, n_block);
 

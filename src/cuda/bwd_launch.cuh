@@ -9,6 +9,7 @@
 #include "cuda/bwd_kernel_sm90_wide.cuh"
 #include "cuda/element.cuh"
 #include "cuda/bwd_launch.hpp"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/runtime.hpp"
 
 namespace tileattn::cuda {
@@ -98,7 +99,9 @@ void launch_bwd_traits(const BwdParams& p, const BwdGrid& g) {
   }
 }
 
-// Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments.
+// Hopper: one block per (key tile, sequence, KV head), the TMA descriptors beside the arguments; a
+// programmatic dependent of the D kernel where that ran (query rows): otherwise the work before is
+// the caller's, whose outputs the prologue may read.
 template <class H, class Kernel>
 void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, const BwdGrid& g) {
   const dim3 grid((g.max_seqlen_k + H::kBlockN - 1) / H::kBlockN, g.batch, g.heads_kv * p.group_parts);
@@ -106,6 +109,10 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, const BwdGrid& g)
   raise_smem_limit(reinterpret_cast<const void*>(kernel), H::kSmemBytes,
                    "cudaFuncSetAttribute (raising the backward kernel's shared-memory limit)");
   const BwdTmaSm90<H> tma = make_bwd_tma<H>(p, g.batch);
+  if (p.rows_total > 0) {
+    launch_dependent(kernel, grid, dim3(H::kThreads), H::kSmemBytes, g.stream, p, tma);
+    return;
+  }
   kernel<<<grid, H::kThreads, H::kSmemBytes, g.stream>>>(p, tma);
   check_launch("launching the backward kernel");
 }

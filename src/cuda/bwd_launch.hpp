@@ -35,9 +35,11 @@ int bwd_sm90_key_tile();
 // The head dim of the instantiation a call with head dim hdim runs on; 0 if none was built.
 int backward_instance_hdim(DType dtype, int hdim);
 
-// D = rowsum(dO * O) into p.dsum, and p.dq_accum (if any, and no p.dq_turns) zeroed.
+// D = rowsum(dO * O) into p.dsum, p.turn_slots turns from p.dq_turns on zeroed, and p.dq_accum (if
+// any, and no p.dq_turns) zeroed.
 void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream);
-// dQ = the fp32 accumulator rows, as the element type (0 in a tile p.dq_turns has left at 0).
+// dQ = the fp32 accumulator rows, as the element type (0 in a tile p.dq_turns has left at 0); a
+// dependent launch of the main kernel.
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream);
 // dK, dV = the fp32 rows of a split group (p.group_parts > 1), as the element type.
 void launch_bwd_dkv_convert(DType dtype, const BwdParams& p, cudaStream_t stream);

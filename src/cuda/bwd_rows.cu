@@ -1,14 +1,18 @@
 // The backward's per-row kernels, 16-byte accesses, one thread per 8 columns and as many rows per
 // warp as fit (a row's threads are a power of two, so they reduce by shuffles within the warp):
-// D = rowsum(dO * O) (and the fp32 dQ accumulator's row zeroed for the portable kernels) before
-// the main kernels, and the accumulator scaled and converted to the output dtype after them (and a
-// split group's dK, dV accumulators converted).
+// D = rowsum(dO * O) (and the Hopper kernel's turn counters, or for the portable kernels the fp32
+// dQ accumulator's row, zeroed) before the main kernels, and the accumulator scaled and converted to
+// the output dtype after them (and a split group's dK, dV accumulators converted). The D kernel lets
+// the Hopper kernel start as its dependent (dependent_launch.cuh) and the dQ conversion starts as
+// the main kernel's, waiting for it on the device: the launches' gaps and the main kernel's
+// prologue run under the kernel before.
 #include <cuda_runtime.h>
 
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
 #include "cuda/bwd_launch.hpp"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/element.cuh"
 #include "cuda/runtime.hpp"
 #include "cuda/varlen_tails.cuh"
@@ -43,6 +47,11 @@ __device__ __forceinline__ Vec8 load8(const E* at) {
 
 template <class E>
 __global__ void dsum_kernel(const BwdParams p, int tpr) {
+  allow_dependent_launch();  // the Hopper kernel waits for D and the turns where it reads them
+  const std::int64_t threads = std::int64_t(gridDim.x) * gridDim.y * kThreads;
+  for (std::int64_t i = (std::int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kThreads + threadIdx.x; i < p.turn_slots;
+       i += threads)
+    p.dq_turns[i] = 0;
   const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
   const int h = blockIdx.y, lane = threadIdx.x % tpr;
   // The varlen tails, each row group of the grid a worker (a kernel every backward runs anyway).
@@ -100,6 +109,7 @@ __device__ __forceinline__ bool dq_written(const BwdParams& p, std::int64_t row,
 
 template <class E>
 __global__ void dq_convert_kernel(const BwdParams p, int tpr) {
+  wait_for_primary();  // a dependent launch: the main kernel's sums are complete
   const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
   const int h = blockIdx.y, lane = threadIdx.x % tpr;
   if (row >= p.rows_total) return;
@@ -141,12 +151,18 @@ __global__ void dkv_convert_kernel(const BwdParams p, int tpr) {
 
 using RowKernel = void (*)(BwdParams, int);
 
+// dependent: launched as a programmatic dependent of the work before it (the kernel waits for it).
 void launch_rows(RowKernel f16, RowKernel bf16, DType dtype, const BwdParams& p, std::int64_t rows, int heads,
-                 int cols, cudaStream_t stream, const char* what) {
+                 int cols, cudaStream_t stream, const char* what, bool dependent = false) {
   if (rows == 0) return;
   const int tpr = threads_per_row(cols), rows_per_block = kThreads / tpr;
   const dim3 grid(unsigned((rows + rows_per_block - 1) / rows_per_block), heads);
-  (dtype == DType::f16 ? f16 : bf16)<<<grid, kThreads, 0, stream>>>(p, tpr);
+  const RowKernel kernel = dtype == DType::f16 ? f16 : bf16;
+  if (dependent) {
+    launch_dependent(kernel, grid, dim3(kThreads), 0, stream, p, tpr);
+    return;
+  }
+  kernel<<<grid, kThreads, 0, stream>>>(p, tpr);
   check_launch(what);
 }
 
@@ -159,7 +175,8 @@ void launch_bwd_dsum(DType dtype, const BwdParams& p, cudaStream_t stream) {
 
 void launch_bwd_dq_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {
   launch_rows(dq_convert_kernel<ElementOf<DType::f16>::type>, dq_convert_kernel<ElementOf<DType::bf16>::type>, dtype,
-              p, p.rows_total, p.fwd.heads_q, p.fwd.d_qk, stream, "launching the backward's dQ conversion kernel");
+              p, p.rows_total, p.fwd.heads_q, p.fwd.d_qk, stream, "launching the backward's dQ conversion kernel",
+              true);
 }
 
 void launch_bwd_dkv_convert(DType dtype, const BwdParams& p, cudaStream_t stream) {

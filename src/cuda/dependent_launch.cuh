@@ -1,8 +1,10 @@
-// Kernels that count on zeroed counters (work claimed tile by tile, arrivals of split blocks):
-// a one-block kernel zeroes the counters and, through programmatic dependent launch (sm_90+),
-// lets the counting kernel start at once; that kernel waits for the zeroes on the device only
-// before it first touches them. Without the launch attribute, or before sm_90, the device calls
-// are no-ops and the two kernels run one after the other.
+// Programmatic dependent launch (sm_90+): a kernel launched as the dependent of the one before it
+// starts once every block of that one has allowed it (allow_dependent_launch) or ended, and waits
+// for it on the device (wait_for_primary) only before it first reads what that kernel writes, so
+// the launch gap and its prologue run under the other's end. Kernels that count on zeroed counters
+// (work claimed tile by tile, arrivals of split blocks) start so behind a one-block kernel that
+// zeroes them. Without the launch attribute, or before sm_90, the device calls are no-ops and the
+// kernels run one after the other.
 #pragma once
 
 #include <cstddef>
