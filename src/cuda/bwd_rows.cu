@@ -107,11 +107,13 @@ __device__ __forceinline__ bool dq_written(const BwdParams& p, std::int64_t row,
   return p.dq_turns[dq_turn_index(p, h, row_base, b, int(i / kDqTurnRows * kDqTurnRows))] != 0;
 }
 
+// Heads and rows last to first, the order in which the Hopper kernel's blocks (KV heads, then
+// sequences, slowest) leave them: the first blocks read the tiles written last, which L2 may hold.
 template <class E>
 __global__ void dq_convert_kernel(const BwdParams p, int tpr) {
   wait_for_primary();  // a dependent launch: the main kernel's sums are complete
-  const std::int64_t row = std::int64_t(blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
-  const int h = blockIdx.y, lane = threadIdx.x % tpr;
+  const std::int64_t row = std::int64_t(gridDim.x - 1 - blockIdx.x) * (kThreads / tpr) + threadIdx.x / tpr;
+  const int h = gridDim.y - 1 - blockIdx.y, lane = threadIdx.x % tpr;
   if (row >= p.rows_total) return;
   const float* acc = p.dq_accum + (h * p.rows_total + row) * p.dq_cols;
   E* dq = static_cast<E*>(p.dq) + row_offset(p, row, h, p.dq_batch, p.dq_row, p.dq_head);
