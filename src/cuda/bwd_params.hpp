@@ -22,12 +22,12 @@ struct BwdParams {
   // (batched) or cu_seqlens_q[b] + i (varlen), out of rows_total.
   float* dsum;      // [heads_q][rows_total]: D = rowsum(dO * O)
   float* dq_accum;  // [heads_q][rows_total][dq_cols]: dQ summed over key blocks, columns as dq_column
-  // Hopper: per (head, 64-row query tile; dq_turn_index), zeroed by the D kernel (where it runs; else
-  // before it), which counts
-  // the key blocks that have reached the tile (the default mode's tickets, the deterministic mode's
-  // turns: each block adds after every block before it) and leaves it nonzero once the tile's rows
-  // are written; the rows of a tile left at 0 are dQ = 0 (no zeroing pass). Null elsewhere: the
-  // portable kernels' rows are zeroed by the D kernel.
+  // Hopper: per (head, 64-row query tile; dq_turn_index), zeroed by the D kernel (by a memset where
+  // no query rows leave it to run), which counts the key blocks that have reached the tile (the
+  // default mode's tickets, the deterministic mode's turns: each block adds after every block
+  // before it) and leaves it nonzero once the tile's rows are written; the rows of a tile left at 0
+  // are dQ = 0 (no zeroing pass). Null elsewhere: the portable kernels' rows are zeroed by the D
+  // kernel.
   int* dq_turns;
   std::int64_t turn_slots;  // the ints from dq_turns on (the dK, dV turns follow) the D kernel zeroes
   std::int64_t rows_total;
